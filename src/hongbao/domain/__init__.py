@@ -1,0 +1,1 @@
+"""Pure domain code: money, splitting, value types. No I/O here."""

@@ -1,0 +1,87 @@
+"""Value types shared by the service, the stores and the edges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import IntEnum, StrEnum
+
+
+class PacketStatus(StrEnum):
+    #: shares are left and the packet has not expired
+    ACTIVE = "active"
+    #: every share was claimed
+    EXHAUSTED = "exhausted"
+    #: expired with shares left; the remainder goes back to the sender
+    EXPIRED = "expired"
+
+
+class SplitMode(StrEnum):
+    #: double-mean random split (seed 000)
+    LUCKY = "lucky"
+    #: everyone gets the same, give or take one fen
+    EQUAL = "equal"
+
+
+class GrabStatus(IntEnum):
+    """Return codes of the grab scripts (see storage/lua/grab.lua)."""
+
+    #: no such packet in Redis
+    UNKNOWN = 0
+    #: a share was popped for this user now
+    GRANTED = 1
+    #: this user had claimed before; the earlier share is returned
+    ALREADY_CLAIMED = 2
+    #: no shares left
+    EXHAUSTED = 3
+    #: past expires_at by the Redis server's clock
+    EXPIRED = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Wallet:
+    user_id: str
+    balance: int
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    id: str
+    sender_id: str
+    total_amount: int
+    count: int
+    mode: SplitMode
+    greeting: str
+    status: PacketStatus
+    remaining_count: int
+    remaining_amount: int
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class GrabResult:
+    packet_id: str
+    user_id: str
+    amount: int
+    #: 1-based number of the share this user got (share index + 1)
+    seq: int
+    #: False when the user had grabbed this packet before
+    first: bool
+    claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    user_id: str
+    amount: int
+    seq: int
+    claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimsList:
+    packet_id: str
+    claims: list[Claim]
+    #: the largest claim once the packet is exhausted (ties: earliest grab), else None
+    best_luck: str | None

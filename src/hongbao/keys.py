@@ -1,0 +1,63 @@
+"""Every Redis key hongbao uses, in one place.
+
+All keys of one packet, and the event stream of the packet's bucket, carry the
+same hash tag ``{b<bucket>}``. A script touching them is therefore valid on Redis
+Cluster (one slot), and the buckets spread the streams over the cluster's primaries.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+PREFIX = "hb"
+#: consumer group every persister joins on every bucket stream
+PERSISTER_GROUP = "persister"
+
+
+def bucket_of(packet_id: str, buckets: int) -> int:
+    """The bucket a packet lives in; stable for a given number of buckets."""
+    return zlib.crc32(packet_id.encode()) % buckets
+
+
+def bucket_tag(bucket: int) -> str:
+    return f"{{b{bucket}}}"
+
+
+def events_key(bucket: int) -> str:
+    """Stream of grab / refund events of one bucket, read by the persister."""
+    return f"{PREFIX}:{bucket_tag(bucket)}:ev"
+
+
+def dead_letter_key(bucket: int) -> str:
+    """Stream where entries the persister cannot apply are parked, with the reason."""
+    return f"{PREFIX}:{bucket_tag(bucket)}:dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class PacketKeys:
+    """The keys of one packet. ``meta`` is a hash, ``shares`` a list, ``claims`` a hash."""
+
+    packet_id: str
+    bucket: int
+    meta: str
+    shares: str
+    claims: str
+    events: str
+
+    @classmethod
+    def of(cls, packet_id: str, buckets: int) -> PacketKeys:
+        bucket = bucket_of(packet_id, buckets)
+        base = f"{PREFIX}:{bucket_tag(bucket)}:p:{packet_id}"
+        return cls(
+            packet_id=packet_id,
+            bucket=bucket,
+            meta=f"{base}:m",
+            shares=f"{base}:s",
+            claims=f"{base}:c",
+            events=events_key(bucket),
+        )
+
+
+def rate_limit_key(scope: str, subject: str) -> str:
+    return f"{PREFIX}:rl:{scope}:{subject}"

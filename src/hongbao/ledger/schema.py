@@ -1,0 +1,97 @@
+"""Tables of the ledger (SQLAlchemy Core). Alembic's migrations create the same."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+metadata = sa.MetaData()
+
+#: microsecond timestamps everywhere (MySQL's DATETIME defaults to whole seconds)
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+#: autoincrement ids: SQLite only autoincrements INTEGER PRIMARY KEY
+RowId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+UserId = sa.String(64)
+PacketId = sa.String(32)
+
+ENTRY_KINDS = ("deposit", "send", "claim", "refund")
+STATUSES = ("active", "exhausted", "expired")
+
+wallets = sa.Table(
+    "hb_wallets",
+    metadata,
+    sa.Column("user_id", UserId, primary_key=True),
+    sa.Column("balance", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.CheckConstraint("balance >= 0", name="ck_wallet_balance_not_negative"),
+)
+
+entries = sa.Table(
+    "hb_ledger_entries",
+    metadata,
+    sa.Column("id", RowId, primary_key=True, autoincrement=True),
+    #: what this entry applies, e.g. "claim:<packet>:<index>"; unique, so nothing applies twice
+    sa.Column("reference", sa.String(160), nullable=False, unique=True),
+    sa.Column("user_id", UserId, nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    #: signed: credits positive, debits negative
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("packet_id", PacketId, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
+)
+
+packets = sa.Table(
+    "hb_packets",
+    metadata,
+    sa.Column("id", PacketId, primary_key=True),
+    sa.Column("sender_id", UserId, nullable=False),
+    sa.Column("total_amount", sa.BigInteger, nullable=False),
+    sa.Column("count", sa.Integer, nullable=False),
+    sa.Column("mode", sa.String(16), nullable=False),
+    sa.Column("greeting", sa.String(200), nullable=False, server_default=""),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.Column("claimed_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("claimed_amount", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("refunded_amount", sa.BigInteger, nullable=False, server_default="0"),
+    #: set once the remainder was refunded (or found to be zero) after expiry
+    sa.Column("closed_at", Timestamp, nullable=True),
+    sa.Column("idempotency_key", sa.String(128), nullable=True),
+    sa.Column("request_hash", sa.String(64), nullable=True),
+    sa.CheckConstraint("total_amount > 0", name="ck_packet_total_positive"),
+    sa.CheckConstraint("count > 0", name="ck_packet_count_positive"),
+    sa.CheckConstraint(
+        "claimed_amount + refunded_amount <= total_amount", name="ck_packet_conserved"
+    ),
+    sa.CheckConstraint("claimed_count <= count", name="ck_packet_claims_le_count"),
+    sa.CheckConstraint("status IN ('active', 'exhausted', 'expired')", name="ck_packet_status"),
+    sa.UniqueConstraint("sender_id", "idempotency_key", name="uq_packet_idempotency"),
+    sa.Index("ix_packets_status_expires", "status", "expires_at"),
+)
+
+shares = sa.Table(
+    "hb_shares",
+    metadata,
+    sa.Column("packet_id", PacketId, sa.ForeignKey("hb_packets.id"), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.CheckConstraint("amount > 0", name="ck_share_amount_positive"),
+)
+
+claims = sa.Table(
+    "hb_claims",
+    metadata,
+    sa.Column("id", RowId, primary_key=True, autoincrement=True),
+    sa.Column("packet_id", PacketId, nullable=False),
+    sa.Column("share_idx", sa.Integer, nullable=False),
+    sa.Column("user_id", UserId, nullable=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("claimed_at", Timestamp, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["packet_id", "share_idx"], ["hb_shares.packet_id", "hb_shares.idx"], name="fk_claim_share"
+    ),
+    sa.UniqueConstraint("packet_id", "user_id", name="uq_claim_packet_user"),
+    sa.UniqueConstraint("packet_id", "share_idx", name="uq_claim_packet_share"),
+)

@@ -1,0 +1,184 @@
+"""The persister: bucket event streams -> SQL ledger, in batches.
+
+It reads with a consumer group, applies a batch in one SQL transaction, and
+acknowledges only after the commit. A replay is harmless (unique claims, unique
+ledger references). Entries of a consumer that died are reclaimed after an idle
+timeout; an entry that can never be applied is moved, with its reason, to the
+bucket's dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hongbao.errors import StorageError
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
+from hongbao.service import from_ms
+from hongbao.settings import Settings
+from hongbao.storage.redis import ClaimValue, Event, RedisStore
+
+log = logging.getLogger("hongbao.persister")
+
+
+def default_consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def parse_event(event: Event) -> LedgerEvent:
+    """Turn a stream entry into a ledger event; ValueError says why it is malformed."""
+    f = event.fields
+    try:
+        if f["k"] == "c":
+            claim = ClaimValue.parse(f["c"])
+            if claim.seq < 1 or claim.amount <= 0:
+                raise ValueError(f"claim {f['c']!r} has no valid share")
+            return ClaimEvent(
+                f["p"], claim.seq - 1, f["u"], claim.amount, from_ms(claim.claimed_at_ms)
+            )
+        if f["k"] == "r":
+            amount, left = int(f["a"]), int(f["n"])
+            if amount < 0 or left < 0:
+                raise ValueError("negative refund")
+            return RefundEvent(f["p"], f["s"], amount, left, from_ms(int(f["t"])))
+    except KeyError as missing:
+        raise ValueError(f"malformed event: field {missing} missing") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"malformed event: {exc}") from None
+    raise ValueError(f"malformed event: unknown kind {f.get('k')!r}")
+
+
+@dataclass
+class PersisterStats:
+    batches: int = 0
+    applied: int = 0
+    dead_lettered: int = 0
+    reclaimed: int = 0
+    db_failures: int = 0
+
+
+class Persister:
+    """One persister process (or task). Several may run; the group divides the work."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        ledger: SqlLedger,
+        settings: Settings,
+        consumer: str | None = None,
+    ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.settings = settings
+        self.consumer = consumer or default_consumer_name()
+        self.stats = PersisterStats()
+        self.healthy = True
+        self._loop_turns = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop` is set; finishes the batch in hand before returning."""
+        await self.store.ensure_groups()
+        backoff = 0.05
+        while not stop.is_set():
+            try:
+                await self.step()
+                backoff = 0.05
+                self.healthy = True
+            except StorageError as exc:
+                self.healthy = False
+                self.stats.db_failures += 1
+                log.warning("persister: %s; retrying in %.2fs", exc, backoff)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def step(self) -> int:
+        """Reclaim from dead consumers now and then, read one batch and apply it."""
+        self._loop_turns += 1
+        handled = 0
+        if self._loop_turns % 20 == 1:
+            handled += await self.reclaim()
+        events = await self.store.read_events(
+            self.consumer, self.settings.persister_batch, self.settings.persister_block_ms
+        )
+        handled += await self.handle(events)
+        return handled
+
+    async def drain(self) -> None:
+        """Apply until every bucket stream is empty (tests, shutdown); wrap in a timeout."""
+        while True:
+            await self.step()
+            if await self.store.backlog() == 0:
+                return
+
+    async def handle(self, events: Sequence[Event]) -> int:
+        """Apply a batch; on success acknowledge it. StorageError leaves it pending."""
+        if not events:
+            return 0
+        parsed: list[tuple[Event, LedgerEvent]] = []
+        for event in events:
+            try:
+                parsed.append((event, parse_event(event)))
+            except ValueError as exc:
+                await self._dead_letter(event, str(exc))
+        if parsed:
+            outcomes = await self._apply([p for _, p in parsed])
+            done: dict[str, list[str]] = defaultdict(list)
+            for (event, _), reason in zip(parsed, outcomes, strict=True):
+                if reason is None:
+                    done[event.stream].append(event.id)
+                else:
+                    await self._dead_letter(event, reason)
+            for stream, ids in done.items():
+                await self.store.ack(stream, ids)
+                self.stats.applied += len(ids)
+            self.stats.batches += 1
+        return len(events)
+
+    async def _apply(self, events: list[LedgerEvent]) -> list[str | None]:
+        """The batch in one transaction; if it fails for a non-storage reason, one by one."""
+        try:
+            return await self.ledger.apply(events)
+        except StorageError:
+            raise
+        except Exception as exc:
+            if len(events) == 1:
+                return [f"cannot apply: {type(exc).__name__}: {exc}"]
+            log.warning("persister: batch failed (%s); applying entries one by one", exc)
+            return [(await self._apply([e]))[0] for e in events]
+
+    async def reclaim(self) -> int:
+        """Take over entries idle too long in dead consumers; dead-letter over-delivered ones."""
+        idle = self.settings.persister_claim_idle_ms
+        handled = 0
+        for bucket in range(self.store.buckets):
+            pending = await self.store.pending(bucket, idle, self.settings.persister_batch)
+            if not pending:
+                continue
+            taken = await self.store.claim_entries(
+                bucket, self.consumer, idle, [p.id for p in pending]
+            )
+            deliveries = {p.id: p.deliveries for p in pending}
+            fresh: list[Event] = []
+            for event in taken:
+                if deliveries.get(event.id, 0) >= self.settings.persister_max_deliveries:
+                    await self._dead_letter(
+                        event, f"not applied after {deliveries[event.id]} deliveries"
+                    )
+                else:
+                    fresh.append(event)
+            self.stats.reclaimed += len(taken)
+            handled += await self.handle(fresh)
+        return handled
+
+    async def _dead_letter(self, event: Event, reason: str) -> None:
+        log.error("persister: dead-lettering %s %s: %s", event.stream, event.id, reason)
+        await self.store.dead_letter(event, reason)
+        self.stats.dead_lettered += 1

@@ -1,0 +1,319 @@
+"""The service layer: send, grab, packet, claims, wallets, recovery.
+
+Redis answers grabs; the SQL ledger holds the money. A packet is written to SQL
+first (sender debited, shares stored), then loaded into Redis. Whenever Redis
+does not know a packet that SQL says is open, it is rebuilt from the ledger, so
+a crash between the two steps, or a Redis that lost its data, heals itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import uuid
+from collections import OrderedDict
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from hongbao.domain.ids import new_packet_id, require_user_id, valid_packet_id
+from hongbao.domain.models import (
+    Claim,
+    ClaimsList,
+    GrabResult,
+    GrabStatus,
+    Packet,
+    PacketStatus,
+    SplitMode,
+    Wallet,
+)
+from hongbao.domain.money import require_amount
+from hongbao.domain.splitting import split
+from hongbao.errors import (
+    InvalidRequest,
+    PacketExhausted,
+    PacketExpired,
+    PacketNotFound,
+)
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.sql import PacketRecord
+from hongbao.settings import Settings
+from hongbao.storage import RedisStore, store_from_url
+from hongbao.storage.redis import ClaimValue, LiveStatus
+
+MAX_GREETING = 200
+_RECORD_CACHE = 10_000
+
+
+def ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def from_ms(value: int) -> datetime:
+    return datetime.fromtimestamp(value / 1000, UTC)
+
+
+class Hongbao:
+    """The red-packet service. Methods raise the typed errors of hongbao.errors."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        ledger: SqlLedger,
+        settings: Settings,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.settings = settings
+        self.rng = rng or random.SystemRandom()
+        self._records: OrderedDict[str, PacketRecord] = OrderedDict()
+
+    @classmethod
+    async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:
+        store = store_from_url(settings.redis_url, settings.buckets)
+        ledger = SqlLedger.from_url(settings.database_url)
+        if migrate:
+            await ledger.migrate()
+        await store.ensure_groups()
+        return cls(store, ledger, settings)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+        await self.ledger.aclose()
+
+    # -- wallets ------------------------------------------------------------------
+
+    async def deposit(self, user_id: str, amount: int, reference: str | None = None) -> Wallet:
+        """Add money to a wallet; a repeated `reference` changes nothing the second time."""
+        require_user_id(user_id)
+        require_amount(amount)
+        balance = await self.ledger.deposit(user_id, amount, reference or uuid.uuid4().hex)
+        return Wallet(user_id, balance)
+
+    async def wallet(self, user_id: str) -> Wallet:
+        require_user_id(user_id)
+        return Wallet(user_id, await self.ledger.balance(user_id))
+
+    # -- sending ------------------------------------------------------------------
+
+    async def send(
+        self,
+        sender_id: str,
+        total_amount: int,
+        count: int,
+        mode: SplitMode | str = SplitMode.LUCKY,
+        greeting: str = "",
+        expires_in: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Packet:
+        """Debit the sender, split the money into shares and open the packet for grabs."""
+        require_user_id(sender_id, "sender_id")
+        require_amount(total_amount, "total_amount")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise InvalidRequest("count must be an integer", "count")
+        try:
+            mode = SplitMode(mode)
+        except ValueError:
+            raise InvalidRequest("mode must be 'lucky' or 'equal'", "mode") from None
+        if not isinstance(greeting, str) or len(greeting) > MAX_GREETING:
+            raise InvalidRequest(
+                f"greeting must be text of at most {MAX_GREETING} characters", "greeting"
+            )
+        lifetime = self.settings.default_expires_in if expires_in is None else expires_in
+        if (
+            isinstance(lifetime, bool)
+            or not isinstance(lifetime, int)
+            or not (1 <= lifetime <= self.settings.max_expires_in)
+        ):
+            raise InvalidRequest(
+                f"expires_in must be 1 to {self.settings.max_expires_in} seconds", "expires_in"
+            )
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 128:
+            raise InvalidRequest("Idempotency-Key must be 1 to 128 characters", "idempotency_key")
+        amounts = split(mode, total_amount, count, self.rng, self.settings.split_limits)
+        request = json.dumps([total_amount, count, mode.value, greeting, lifetime])
+        now = datetime.now(UTC)
+        record = PacketRecord(
+            id=new_packet_id(ms(now)),
+            sender_id=sender_id,
+            total_amount=total_amount,
+            count=count,
+            mode=mode.value,
+            greeting=greeting,
+            status=PacketStatus.ACTIVE.value,
+            created_at=now,
+            expires_at=now + timedelta(seconds=lifetime),
+            request_hash=hashlib.sha256(request.encode()).hexdigest(),
+        )
+        record, created = await self.ledger.create_packet(record, amounts, idempotency_key)
+        if created:
+            await self._load(record, list(enumerate(amounts)), [])
+        else:
+            await self.ensure_loaded(record.id)
+        return await self.packet(record.id)
+
+    # -- grabbing -----------------------------------------------------------------
+
+    async def grab(self, packet_id: str, user_id: str) -> GrabResult:
+        """Take one share for this user; the same user again gets the same share back."""
+        require_user_id(user_id)
+        if not valid_packet_id(packet_id):
+            raise PacketNotFound(f"no packet {packet_id!r}")
+        keys = self.store.keys(packet_id)
+        status, claim = await self.store.grab(keys, user_id)
+        if status is GrabStatus.UNKNOWN and await self.ensure_loaded(packet_id):
+            status, claim = await self.store.grab(keys, user_id)
+        if status is GrabStatus.UNKNOWN:
+            return await self._grab_from_ledger(packet_id, user_id)
+        return self._grab_answer(packet_id, user_id, status, claim)
+
+    def _grab_answer(
+        self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None
+    ) -> GrabResult:
+        if claim is not None:
+            return GrabResult(
+                packet_id,
+                user_id,
+                claim.amount,
+                claim.seq,
+                first=status is GrabStatus.GRANTED,
+                claimed_at=from_ms(claim.claimed_at_ms),
+            )
+        if status is GrabStatus.EXHAUSTED:
+            raise PacketExhausted(f"packet {packet_id} has no shares left")
+        if status is GrabStatus.EXPIRED:
+            raise PacketExpired(f"packet {packet_id} has expired")
+        raise PacketNotFound(f"no packet {packet_id!r}")
+
+    async def _grab_from_ledger(self, packet_id: str, user_id: str) -> GrabResult:
+        """A packet Redis no longer holds (closed long ago): answer from SQL."""
+        record = await self.ledger.get_packet(packet_id)
+        if record is None:
+            raise PacketNotFound(f"no packet {packet_id!r}")
+        for row in await self.ledger.claims_of(packet_id):
+            if row.user_id == user_id:
+                return GrabResult(
+                    packet_id, user_id, row.amount, row.share_idx + 1, False, row.claimed_at
+                )
+        if record.claimed_count >= record.count:
+            raise PacketExhausted(f"packet {packet_id} has no shares left")
+        raise PacketExpired(f"packet {packet_id} has expired")
+
+    # -- reading ------------------------------------------------------------------
+
+    async def packet(self, packet_id: str) -> Packet:
+        record = await self._record(packet_id)
+        live = await self.store.status(self.store.keys(packet_id))
+        if live is None and await self.ensure_loaded(packet_id):
+            live = await self.store.status(self.store.keys(packet_id))
+        if live is not None:
+            status = _live_status(live)
+            left_count, left_amount = live.shares_left, live.amount_left
+        else:
+            fresh = await self.ledger.get_packet(packet_id) or record
+            status = PacketStatus(fresh.status)
+            left_count = fresh.count - fresh.claimed_count
+            left_amount = fresh.total_amount - fresh.claimed_amount
+        return Packet(
+            id=record.id,
+            sender_id=record.sender_id,
+            total_amount=record.total_amount,
+            count=record.count,
+            mode=SplitMode(record.mode),
+            greeting=record.greeting,
+            status=status,
+            remaining_count=left_count,
+            remaining_amount=left_amount,
+            created_at=record.created_at,
+            expires_at=record.expires_at,
+        )
+
+    async def claims(self, packet_id: str) -> ClaimsList:
+        """Who got what, in grab order; best luck once every share is taken."""
+        record = await self._record(packet_id)
+        keys = self.store.keys(packet_id)
+        live = await self.store.status(keys)
+        if live is not None:
+            found = [
+                Claim(user, c.amount, c.seq, from_ms(c.claimed_at_ms))
+                for user, c in (await self.store.claims(keys)).items()
+            ]
+            exhausted = live.shares_left == 0 and live.amount_left == 0
+        else:
+            found = [
+                Claim(r.user_id, r.amount, r.share_idx + 1, r.claimed_at)
+                for r in await self.ledger.claims_of(packet_id)
+            ]
+            exhausted = len(found) == record.count
+        found.sort(key=lambda c: (c.claimed_at, c.seq))
+        best = max(found, key=lambda c: c.amount, default=None) if exhausted else None
+        return ClaimsList(packet_id, found, best.user_id if best else None)
+
+    # -- Redis state from the ledger -------------------------------------------------
+
+    async def ensure_loaded(self, packet_id: str) -> bool:
+        """Load an open packet into Redis from the ledger if Redis lacks it.
+
+        Only unclaimed shares are loaded, and earlier claims come along so their
+        owners keep their answer. Returns True if the packet is in Redis now.
+        """
+        record = await self.ledger.get_packet(packet_id)
+        if record is None or record.status != PacketStatus.ACTIVE or record.closed_at:
+            return False
+        claimed = await self.ledger.claims_of(packet_id)
+        taken = {c.share_idx for c in claimed}
+        unclaimed = [(i, a) for i, a in await self.ledger.shares_of(packet_id) if i not in taken]
+        earlier = [
+            (c.user_id, ClaimValue(c.share_idx + 1, c.amount, ms(c.claimed_at))) for c in claimed
+        ]
+        await self._load(record, unclaimed, earlier)
+        return True
+
+    async def recover(self) -> int:
+        """Rebuild every open packet missing from Redis; returns how many were rebuilt."""
+        rebuilt, after = 0, ""
+        while batch := await self.ledger.open_packets(after_id=after):
+            for record in batch:
+                if await self.store.status(self.store.keys(record.id)) is None:
+                    rebuilt += await self.ensure_loaded(record.id)
+            after = batch[-1].id
+        return rebuilt
+
+    async def _load(
+        self,
+        record: PacketRecord,
+        shares: list[tuple[int, int]],
+        claims: list[tuple[str, ClaimValue]],
+    ) -> bool:
+        keep_until = ms(record.expires_at) + self.settings.retention_seconds * 1000
+        return await self.store.load_packet(
+            self.store.keys(record.id),
+            expires_at_ms=ms(record.expires_at),
+            keep_until_ms=keep_until,
+            shares=shares,
+            claims=claims,
+        )
+
+    async def _record(self, packet_id: str) -> PacketRecord:
+        """The immutable part of a packet (cached); PacketNotFound if there is none."""
+        if not valid_packet_id(packet_id):
+            raise PacketNotFound(f"no packet {packet_id!r}")
+        record = self._records.get(packet_id)
+        if record is None:
+            record = await self.ledger.get_packet(packet_id)
+            if record is None:
+                raise PacketNotFound(f"no packet {packet_id!r}")
+            record = replace(record, request_hash=None)
+            self._records[packet_id] = record
+            if len(self._records) > _RECORD_CACHE:
+                self._records.popitem(last=False)
+        return record
+
+
+def _live_status(live: LiveStatus) -> PacketStatus:
+    if live.shares_left == 0 and live.amount_left == 0:
+        return PacketStatus.EXHAUSTED
+    if live.closed_at_ms or live.now_ms >= live.expires_at_ms:
+        return PacketStatus.EXPIRED
+    return PacketStatus.ACTIVE

@@ -1,0 +1,72 @@
+"""Runtime settings, from arguments or HONGBAO_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from hongbao.domain.splitting import SplitLimits
+from hongbao.errors import ConfigurationError
+
+ENV_PREFIX = "HONGBAO_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: redis://, rediss://, redis+sentinel://, redis+cluster:// (empty: embedded server)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: SQLAlchemy URL; plain postgresql:// / mysql:// / sqlite:// get their async driver
+    database_url: str = "sqlite+aiosqlite:///hongbao.sqlite3"
+    #: number of buckets (event streams); fixed for the life of a deployment
+    buckets: int = 16
+    split_limits: SplitLimits = field(default_factory=SplitLimits)
+    #: default lifetime of a packet, seconds
+    default_expires_in: int = 86_400
+    max_expires_in: int = 604_800
+    #: Redis keeps an expired or exhausted packet this long after its expiry (answers repeats)
+    retention_seconds: int = 86_400
+    #: persister: entries per read and per SQL transaction
+    persister_batch: int = 1_000
+    #: persister: how long one read blocks waiting for new events, ms
+    persister_block_ms: int = 200
+    #: persister: pending entries idle this long belong to a dead consumer and are reclaimed
+    persister_claim_idle_ms: int = 30_000
+    #: persister: an entry that failed this many deliveries goes to the dead-letter stream
+    persister_max_deliveries: int = 5
+    #: sweeper: seconds between scans for expired packets
+    sweep_interval: float = 1.0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from HONGBAO_* variables; keyword overrides win."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None or f.name == "split_limits":
+                continue
+            values[f.name] = _convert(f.name, raw, f.type)
+        default = SplitLimits()
+        limits = SplitLimits(
+            min_share=int(env.get("HONGBAO_MIN_SHARE", default.min_share)),
+            max_share=int(env.get("HONGBAO_MAX_SHARE", default.max_share)),
+            max_count=int(env.get("HONGBAO_MAX_COUNT", default.max_count)),
+        )
+        values["split_limits"] = limits
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+
+def _convert(name: str, raw: str, kind: Any) -> Any:
+    kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    try:
+        if kind_name == "int":
+            return int(raw)
+        if kind_name == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_PREFIX}{name.upper()} must be a number, got {raw!r}"
+        ) from None
+    return raw

@@ -1,0 +1,72 @@
+"""Redis stores, built from a URL.
+
+``redis://`` and ``rediss://`` (one server), ``redis+sentinel://h:p,h:p/service[/db]``
+(the primary a Sentinel group names) and ``redis+cluster://h:p,h:p`` (Redis Cluster).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
+
+from hongbao.errors import ConfigurationError
+from hongbao.storage.redis import RedisStore
+from hongbao.storage.redis_cluster import RedisClusterStore
+
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
+
+
+def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    hosts = []
+    for part in netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host:
+            host, port = port, str(default_port)
+        try:
+            hosts.append((host.strip("[]"), int(port)))
+        except ValueError:
+            raise ConfigurationError(f"bad host:port {part!r} in Redis URL") from None
+    return hosts
+
+
+def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> RedisStore:
+    """Build the store for a Redis URL; unknown schemes are a ConfigurationError."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigurationError(
+            f"unsupported Redis URL scheme {scheme!r}; use one of {', '.join(SCHEMES)}"
+        )
+    if scheme == "redis+cluster":
+        nodes = [ClusterNode(h, p) for h, p in _hosts(parts.netloc, 6379)]
+        cluster = RedisCluster(
+            startup_nodes=nodes,
+            max_connections=max_connections,
+            decode_responses=True,
+            password=parts.password,
+            username=parts.username,
+        )
+        return RedisClusterStore(cluster, buckets)
+    if scheme == "redis+sentinel":
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ConfigurationError("redis+sentinel:// URL needs the service name as its path")
+        db = int(path[1]) if len(path) > 1 else 0
+        query = parse_qs(parts.query)
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            _hosts(parts.netloc, 26379),
+            sentinel_kwargs={"password": query.get("sentinel_password", [None])[0]},
+            decode_responses=True,
+            password=parts.password,
+            username=parts.username,
+            db=db,
+        )
+        return RedisStore(sentinel.master_for(path[0], max_connections=max_connections), buckets)
+    client = aioredis.Redis.from_url(url, decode_responses=True, max_connections=max_connections)
+    return RedisStore(client, buckets)
+
+
+__all__ = ["RedisClusterStore", "RedisStore", "store_from_url"]

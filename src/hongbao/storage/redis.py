@@ -1,0 +1,279 @@
+"""Redis / Valkey store: the hot path. Every operation is one Lua script run by SHA."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any, ClassVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError, ResponseError
+
+from hongbao.domain.models import GrabStatus
+from hongbao.errors import StorageError
+from hongbao.keys import PERSISTER_GROUP, PacketKeys, dead_letter_key, events_key
+
+SHARE_PACK = 1 << 32  # a share travels as index * 2^32 + amount
+
+RedisClient = aioredis.Redis | RedisCluster
+
+
+def read_lua(name: str) -> str:
+    return files("hongbao.storage").joinpath("lua", f"{name}.lua").read_text()
+
+
+def pack_share(index: int, amount: int) -> int:
+    return index * SHARE_PACK + amount
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimValue:
+    """A claim as Redis keeps it: "seq:amount:claimed_at_ms"."""
+
+    seq: int
+    amount: int
+    claimed_at_ms: int
+
+    @classmethod
+    def parse(cls, raw: str) -> ClaimValue:
+        seq, amount, ms = raw.split(":")
+        return cls(int(seq), int(amount), int(ms))
+
+    def encode(self) -> str:
+        return f"{self.seq}:{self.amount}:{self.claimed_at_ms}"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveStatus:
+    amount_left: int
+    shares_left: int
+    expires_at_ms: int
+    closed_at_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of a bucket's event stream."""
+
+    stream: str
+    id: str
+    fields: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    id: str
+    consumer: str
+    idle_ms: int
+    deliveries: int
+
+
+class RedisStore:
+    """Packets, claims and the bucket event streams on one Redis (or Sentinel primary)."""
+
+    cluster: ClassVar[bool] = False
+
+    def __init__(self, client: RedisClient, buckets: int) -> None:
+        self.client = client
+        self.buckets = buckets
+        self.lua_load = self._script("load")
+        self.lua_grab = self._script("grab")
+        self.lua_grab_batch = self._script("grab_batch")
+        self.lua_close = self._script("close")
+        self.lua_status = self._script("status")
+        self.lua_ack = self._script("ack")
+        self.lua_dead_letter = self._script("dead_letter")
+
+    def _script(self, name: str) -> AsyncScript:
+        return self.client.register_script(read_lua(name))
+
+    def keys(self, packet_id: str) -> PacketKeys:
+        return PacketKeys.of(packet_id, self.buckets)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.client.ping())
+        except (RedisError, OSError):
+            return False
+
+    # -- packets -------------------------------------------------------------
+
+    async def load_packet(
+        self,
+        keys: PacketKeys,
+        *,
+        expires_at_ms: int,
+        keep_until_ms: int,
+        shares: Sequence[tuple[int, int]],
+        claims: Sequence[tuple[str, ClaimValue]] = (),
+    ) -> bool:
+        """Load unclaimed (index, amount) shares and earlier claims; False if already loaded."""
+        amount_left = sum(amount for _, amount in shares)
+        args: list[Any] = [expires_at_ms, keep_until_ms, amount_left, len(shares)]
+        args.extend(pack_share(index, amount) for index, amount in shares)
+        for user, claim in claims:
+            args.extend((user, claim.encode()))
+        loaded = await self._run(self.lua_load, [keys.meta, keys.shares, keys.claims], args)
+        return bool(loaded)
+
+    async def grab(self, keys: PacketKeys, user_id: str) -> tuple[GrabStatus, ClaimValue | None]:
+        status, claim = await self._run(
+            self.lua_grab,
+            [keys.meta, keys.shares, keys.claims, keys.events],
+            [keys.packet_id, user_id],
+        )
+        return GrabStatus(status), ClaimValue.parse(claim) if claim else None
+
+    async def grab_batch(
+        self, packets: Sequence[PacketKeys], requests: Sequence[tuple[int, str]]
+    ) -> list[tuple[GrabStatus, ClaimValue | None]]:
+        """Grabs for (packet position, user) pairs; all packets must share one bucket."""
+        stream = packets[0].events
+        if any(p.events != stream for p in packets):
+            raise ValueError("a grab batch must stay inside one bucket")
+        keys = [stream]
+        for p in packets:
+            keys.extend((p.meta, p.shares, p.claims))
+        args: list[Any] = [len(packets), *(p.packet_id for p in packets)]
+        for position, user in requests:
+            args.extend((position + 1, user))
+        flat = await self._run(self.lua_grab_batch, keys, args)
+        return [
+            (GrabStatus(flat[i]), ClaimValue.parse(flat[i + 1]) if flat[i + 1] else None)
+            for i in range(0, len(flat), 2)
+        ]
+
+    async def close_packet(
+        self, keys: PacketKeys, sender_id: str, retention_ms: int
+    ) -> tuple[int, int, int]:
+        """Run close.lua: (status, amount_left, shares_left)."""
+        status, left, n = await self._run(
+            self.lua_close,
+            [keys.meta, keys.shares, keys.claims, keys.events],
+            [keys.packet_id, sender_id, retention_ms],
+        )
+        return int(status), int(left), int(n)
+
+    async def status(self, keys: PacketKeys) -> LiveStatus | None:
+        exists, left, n, exp, closed, now = await self._run(
+            self.lua_status, [keys.meta, keys.shares], []
+        )
+        if not exists:
+            return None
+        return LiveStatus(int(left), int(n), int(exp), int(closed), int(now))
+
+    async def claims(self, keys: PacketKeys) -> dict[str, ClaimValue]:
+        raw = await self._call(self.client.hgetall(keys.claims))
+        return {user: ClaimValue.parse(value) for user, value in raw.items()}
+
+    async def forget_packet(self, keys: PacketKeys) -> None:
+        """Delete a packet's keys (tests and recovery drills)."""
+        await self._call(self.client.delete(keys.meta, keys.shares, keys.claims))
+
+    # -- event streams -----------------------------------------------------------
+
+    def streams(self) -> list[str]:
+        return [events_key(b) for b in range(self.buckets)]
+
+    async def ensure_groups(self) -> None:
+        """Create the persister group on every bucket stream (idempotent)."""
+        for stream in self.streams():
+            try:
+                await self.client.xgroup_create(stream, PERSISTER_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise StorageError(f"cannot create consumer group on {stream}: {exc}") from exc
+
+    async def read_events(self, consumer: str, count: int, block_ms: int) -> list[Event]:
+        """New entries for this consumer from every bucket stream."""
+        streams: dict[Any, Any] = {s: ">" for s in self.streams()}
+        reply = await self._call(
+            self.client.xreadgroup(PERSISTER_GROUP, consumer, streams, count=count, block=block_ms)
+        )
+        return _events(reply)
+
+    async def pending(self, bucket: int, idle_ms: int, count: int) -> list[Pending]:
+        """Entries delivered at least `idle_ms` ago and not acknowledged."""
+        rows = await self._call(
+            self.client.xpending_range(
+                events_key(bucket), PERSISTER_GROUP, "-", "+", count, idle=idle_ms
+            )
+        )
+        return [
+            Pending(
+                str(r["message_id"]),
+                str(r["consumer"]),
+                int(r["time_since_delivered"]),
+                int(r["times_delivered"]),
+            )
+            for r in rows
+        ]
+
+    async def claim_entries(
+        self, bucket: int, consumer: str, idle_ms: int, ids: Sequence[str]
+    ) -> list[Event]:
+        """Take over pending entries of another (dead) consumer."""
+        stream = events_key(bucket)
+        rows = await self._call(
+            self.client.xclaim(stream, PERSISTER_GROUP, consumer, idle_ms, list(ids))
+        )
+        return [Event(stream, str(i), dict(f)) for i, f in rows if f is not None]
+
+    async def ack(self, stream: str, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        return int(await self._run(self.lua_ack, [stream], [PERSISTER_GROUP, *ids]))
+
+    async def dead_letter(self, event: Event, reason: str) -> str:
+        bucket = int(event.stream.split("{b", 1)[1].split("}", 1)[0])
+        flat = [x for pair in event.fields.items() for x in pair]
+        return str(
+            await self._run(
+                self.lua_dead_letter,
+                [event.stream, dead_letter_key(bucket)],
+                [PERSISTER_GROUP, event.id, reason, *flat],
+            )
+        )
+
+    async def dead_letters(self, limit: int = 100) -> list[Event]:
+        out: list[Event] = []
+        for bucket in range(self.buckets):
+            key = dead_letter_key(bucket)
+            rows = await self._call(self.client.xrange(key, count=limit))
+            out.extend(Event(key, str(i), dict(f)) for i, f in rows)
+        return out[:limit]
+
+    async def backlog(self) -> int:
+        """Entries in the event streams not yet applied (persister lag)."""
+        total = 0
+        for stream in self.streams():
+            total += int(await self._call(self.client.xlen(stream)))
+        return total
+
+    # -- plumbing ------------------------------------------------------------------
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        return await self._call(script(keys=keys, args=args))
+
+    @staticmethod
+    async def _call(awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except (TimeoutError, RedisError, OSError) as exc:
+            raise StorageError(f"redis: {exc}") from exc
+
+
+def _events(reply: Any) -> list[Event]:
+    """Flatten an XREADGROUP reply: [[stream, [[id, {field: value}], ...]], ...]."""
+    return [
+        Event(str(stream), str(entry_id), dict(fields or {}))
+        for stream, entries in (reply or [])
+        for entry_id, fields in entries
+    ]

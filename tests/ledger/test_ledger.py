@@ -1,0 +1,107 @@
+"""The SQL ledger on SQLite, PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from hongbao.domain.ids import new_packet_id
+from hongbao.errors import IdempotencyConflict, InsufficientBalance
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.schema import wallets
+from hongbao.ledger.sql import ClaimEvent, PacketRecord, RefundEvent
+
+
+def record(sender: str, total: int, count: int, request_hash: str = "h") -> PacketRecord:
+    now = datetime.now(UTC)
+    return PacketRecord(
+        id=new_packet_id(), sender_id=sender, total_amount=total, count=count, mode="lucky",
+        greeting="", status="active", created_at=now, expires_at=now + timedelta(hours=1),
+        request_hash=request_hash,
+    )
+
+
+async def test_deposit_is_idempotent_per_reference(ledger: SqlLedger) -> None:
+    assert await ledger.deposit("alice", 500, "ref-1") == 500
+    assert await ledger.deposit("alice", 500, "ref-1") == 500
+    assert await ledger.deposit("alice", 250, "ref-2") == 750
+    assert await ledger.balance("alice") == 750
+    assert await ledger.balance("nobody") == 0
+
+
+async def test_database_refuses_negative_balance(ledger: SqlLedger) -> None:
+    await ledger.deposit("alice", 10, "r")
+    # PostgreSQL and SQLite raise IntegrityError, MariaDB OperationalError 4025
+    with pytest.raises(DBAPIError, match="(?i)ck_wallet_balance_not_negative|check"):
+        async with ledger.engine.begin() as conn:
+            await conn.execute(wallets.update().values(balance=-1))
+    assert await ledger.balance("alice") == 10
+
+
+async def test_send_debits_once_and_refuses_overdraft(ledger: SqlLedger) -> None:
+    await ledger.deposit("s", 1000, "r")
+    with pytest.raises(InsufficientBalance):
+        await ledger.create_packet(record("s", 1001, 2), [500, 501], None)
+    assert await ledger.balance("s") == 1000
+    first, created = await ledger.create_packet(record("s", 600, 2), [200, 400], "key-1")
+    assert created and await ledger.balance("s") == 400
+    again, created_again = await ledger.create_packet(record("s", 600, 2), [300, 300], "key-1")
+    assert not created_again and again.id == first.id
+    assert await ledger.balance("s") == 400
+    assert await ledger.shares_of(first.id) == [(0, 200), (1, 400)]
+    with pytest.raises(IdempotencyConflict):
+        await ledger.create_packet(record("s", 100, 1, request_hash="other"), [100], "key-1")
+    assert await ledger.balance("s") == 400
+    assert await ledger.audit() == []
+
+
+async def test_apply_claims_replay_and_poison(ledger: SqlLedger) -> None:
+    await ledger.deposit("s", 1000, "r")
+    packet, _ = await ledger.create_packet(record("s", 300, 3), [100, 150, 50], None)
+    at = datetime.now(UTC)
+    good = [ClaimEvent(packet.id, 0, "u1", 100, at), ClaimEvent(packet.id, 1, "u2", 150, at)]
+    assert await ledger.apply(good) == [None, None]
+    assert await ledger.apply(good) == [None, None]  # a replay changes nothing
+    assert await ledger.balance("u1") == 100 and await ledger.balance("u2") == 150
+    outcome = await ledger.apply([
+        ClaimEvent(packet.id, 2, "u1", 50, at),       # u1 claimed already
+        ClaimEvent(packet.id, 1, "u3", 150, at),      # share 1 taken by u2
+        ClaimEvent(packet.id, 2, "u3", 999, at),      # wrong amount
+        ClaimEvent(packet.id, 7, "u3", 50, at),       # no such share
+        ClaimEvent("nope", 0, "u3", 50, at),          # no such packet
+        ClaimEvent(packet.id, 2, "u4", 50, at),       # fine
+    ])
+    assert outcome[-1] is None and all(outcome[:-1])
+    assert "already claimed" in str(outcome[0]) and "claimed by u2" in str(outcome[1])
+    after = await ledger.get_packet(packet.id)
+    assert after is not None and after.status == "exhausted" and after.claimed_amount == 300
+    assert await ledger.audit() == []
+
+
+async def test_refund_once_conserves_money(ledger: SqlLedger) -> None:
+    await ledger.deposit("s", 1000, "r")
+    packet, _ = await ledger.create_packet(record("s", 300, 3), [100, 150, 50], None)
+    at = datetime.now(UTC)
+    assert await ledger.apply([ClaimEvent(packet.id, 0, "u1", 100, at)]) == [None]
+    refund = RefundEvent(packet.id, "s", 200, 2, at)
+    assert await ledger.apply([refund]) == [None]
+    assert await ledger.apply([refund]) == [None]
+    assert await ledger.balance("s") == 900
+    closed = await ledger.get_packet(packet.id)
+    assert closed is not None and closed.status == "expired" and closed.refunded_amount == 200
+    too_much = RefundEvent(packet.id, "s", 10_000, 2, at)
+    other, _ = await ledger.create_packet(record("s", 100, 1), [100], None)
+    assert "exceed" in str((await ledger.apply([too_much.__class__(other.id, "s", 101, 1, at)]))[0])
+    assert await ledger.audit() == []
+
+
+async def test_audit_names_a_broken_wallet(ledger: SqlLedger) -> None:
+    await ledger.deposit("alice", 100, "r")
+    async with ledger.engine.begin() as conn:
+        await conn.execute(sa.update(wallets).values(balance=90))
+    problems = await ledger.audit()
+    assert any("wallet alice" in p for p in problems)
+    assert any(p.startswith("money:") for p in problems)

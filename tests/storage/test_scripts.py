@@ -1,0 +1,142 @@
+"""Every Lua script through the public store API, on the machine's real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis.crc import key_slot
+
+from hongbao.domain.ids import new_packet_id
+from hongbao.domain.models import GrabStatus
+from hongbao.keys import PacketKeys
+from hongbao.storage import RedisStore
+from hongbao.storage.redis import ClaimValue
+
+pytestmark = pytest.mark.redis
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def load(store: RedisStore, amounts: list[int], *, expires_in_ms: int = 60_000) -> PacketKeys:
+    keys = store.keys(new_packet_id())
+    loaded = await store.load_packet(
+        keys,
+        expires_at_ms=now_ms() + expires_in_ms,
+        keep_until_ms=now_ms() + expires_in_ms + 60_000,
+        shares=list(enumerate(amounts)),
+    )
+    assert loaded
+    return keys
+
+
+def test_every_script_keys_share_one_slot() -> None:
+    for _ in range(200):
+        keys = PacketKeys.of(new_packet_id(), buckets=16)
+        slots = {key_slot(k.encode()) for k in (keys.meta, keys.shares, keys.claims, keys.events)}
+        assert len(slots) == 1, keys
+
+
+async def test_load_is_idempotent(store: RedisStore) -> None:
+    keys = await load(store, [10, 20, 30])
+    again = await store.load_packet(
+        keys, expires_at_ms=now_ms() + 1000, keep_until_ms=now_ms() + 2000, shares=[(0, 999)]
+    )
+    assert again is False
+    status = await store.status(keys)
+    assert status is not None
+    assert (status.amount_left, status.shares_left) == (60, 3)
+
+
+async def test_load_many_shares_beyond_lua_stack(store: RedisStore) -> None:
+    keys = await load(store, [1] * 10_000)
+    status = await store.status(keys)
+    assert status is not None and status.shares_left == 10_000 and status.amount_left == 10_000
+
+
+async def test_grab_outcomes(store: RedisStore) -> None:
+    keys = await load(store, [10, 20])
+    status, claim = await store.grab(keys, "alice")
+    assert status is GrabStatus.GRANTED and claim is not None
+    assert (claim.seq, claim.amount) == (1, 10)
+    again, same = await store.grab(keys, "alice")
+    assert again is GrabStatus.ALREADY_CLAIMED and same == claim
+    assert (await store.grab(keys, "bob"))[1] == ClaimValue(2, 20, (await store.claims(keys))["bob"].claimed_at_ms)
+    assert (await store.grab(keys, "carol")) == (GrabStatus.EXHAUSTED, None)
+    assert (await store.grab(store.keys(new_packet_id()), "dan")) == (GrabStatus.UNKNOWN, None)
+    events = await store.client.xrange(keys.events)
+    assert [e[1]["u"] for e in events] == ["alice", "bob"]
+    assert all(e[1]["k"] == "c" and e[1]["p"] == keys.packet_id for e in events)
+
+
+async def test_grab_after_expiry_by_server_clock(store: RedisStore) -> None:
+    keys = await load(store, [10, 20], expires_in_ms=-1)
+    assert (await store.grab(keys, "alice")) == (GrabStatus.EXPIRED, None)
+
+
+async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
+    bucket_mates: list[PacketKeys] = []
+    while len(bucket_mates) < 2:
+        keys = store.keys(new_packet_id())
+        if not bucket_mates or keys.bucket == bucket_mates[0].bucket:
+            bucket_mates.append(keys)
+    for keys in bucket_mates:
+        await store.load_packet(
+            keys, expires_at_ms=now_ms() + 60_000, keep_until_ms=now_ms() + 120_000,
+            shares=[(0, 5), (1, 7)],
+        )
+    answers = await store.grab_batch(
+        bucket_mates, [(0, "u1"), (0, "u1"), (1, "u1"), (0, "u2"), (0, "u3"), (1, "u2")]
+    )
+    statuses = [s for s, _ in answers]
+    assert statuses == [
+        GrabStatus.GRANTED, GrabStatus.ALREADY_CLAIMED, GrabStatus.GRANTED,
+        GrabStatus.GRANTED, GrabStatus.EXHAUSTED, GrabStatus.GRANTED,
+    ]
+    assert answers[0][1] == answers[1][1]
+    assert await store.client.xlen(bucket_mates[0].events) == 4
+
+
+async def test_grab_batch_refuses_mixed_buckets(store: RedisStore) -> None:
+    first = store.keys(new_packet_id())
+    other = next(k for k in (store.keys(new_packet_id()) for _ in range(100)) if k.bucket != first.bucket)
+    with pytest.raises(ValueError, match="one bucket"):
+        await store.grab_batch([first, other], [(0, "u")])
+
+
+async def test_close_refunds_once_and_remembers(store: RedisStore) -> None:
+    keys = await load(store, [10, 20, 30], expires_in_ms=300)
+    await store.grab(keys, "alice")
+    assert (await store.close_packet(keys, "sender", 60_000))[0] == 3  # not yet expired
+    time.sleep(0.35)
+    assert await store.close_packet(keys, "sender", 60_000) == (1, 50, 2)
+    assert (await store.close_packet(keys, "sender", 60_000))[0] == 2
+    status = await store.status(keys)
+    assert status is not None and status.closed_at_ms and status.shares_left == 2
+    refunds = [f for _, f in await store.client.xrange(keys.events) if f["k"] == "r"]
+    assert len(refunds) == 1 and refunds[0]["a"] == "50" and refunds[0]["s"] == "sender"
+    assert (await store.grab(keys, "alice"))[0] is GrabStatus.ALREADY_CLAIMED
+    assert (await store.grab(keys, "bob")) == (GrabStatus.EXPIRED, None)
+
+
+async def test_noscript_fallback(store: RedisStore) -> None:
+    keys = await load(store, [10])
+    await store.client.script_flush()
+    status, claim = await store.grab(keys, "alice")
+    assert status is GrabStatus.GRANTED and claim is not None and claim.amount == 10
+
+
+async def test_ack_and_dead_letter(store: RedisStore) -> None:
+    keys = await load(store, [10, 20])
+    await store.grab(keys, "a")
+    await store.grab(keys, "b")
+    events = await store.read_events("c1", 10, 0)
+    assert len(events) == 2
+    assert await store.ack(events[0].stream, [events[0].id]) == 1
+    await store.dead_letter(events[1], "bad thing")
+    parked = await store.dead_letters()
+    assert len(parked) == 1 and parked[0].fields["reason"] == "bad thing"
+    assert parked[0].fields["u"] == "b"
+    assert await store.backlog() == 0
