@@ -119,9 +119,16 @@ class Persister:
                 return
 
     async def handle(self, events: Sequence[Event]) -> int:
-        """Apply a batch; on success acknowledge it. StorageError leaves it pending."""
+        """Apply a batch; on success acknowledge it. StorageError leaves it pending.
+
+        Shielded: a cancelled persister finishes the batch in hand (commit and ack)
+        instead of abandoning an open transaction that would hold database locks.
+        """
         if not events:
             return 0
+        return await asyncio.shield(self._handle(events))
+
+    async def _handle(self, events: Sequence[Event]) -> int:
         parsed: list[tuple[Event, LedgerEvent]] = []
         for event in events:
             try:

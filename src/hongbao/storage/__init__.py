@@ -10,12 +10,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 
 from hongbao.errors import ConfigurationError
 from hongbao.storage.redis import RedisStore
 from hongbao.storage.redis_cluster import RedisClusterStore
 
+#: no single Redis reply may take longer (blocking reads ask for far less); a stuck
+#: connection then fails instead of hanging its caller forever
+SOCKET_TIMEOUT = 5.0
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
 
 
@@ -65,8 +70,14 @@ def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> Re
             db=db,
         )
         return RedisStore(sentinel.master_for(path[0], max_connections=max_connections), buckets)
-    client = aioredis.Redis.from_url(url, decode_responses=True, max_connections=max_connections)
-    return RedisStore(client, buckets)
+    # a blocking pool makes a burst of grabs queue for a connection instead of failing
+    # no silent retries inside redis-py: a retried command can swallow a task's
+    # cancellation (seen with blocking XREADGROUP); hongbao's callers retry themselves
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, decode_responses=True, max_connections=max_connections, timeout=10,
+        retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT,
+    )
+    return RedisStore(aioredis.Redis(connection_pool=pool), buckets)
 
 
 __all__ = ["RedisClusterStore", "RedisStore", "store_from_url"]

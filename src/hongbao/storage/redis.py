@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -267,6 +268,11 @@ class RedisStore:
         try:
             return await awaitable
         except (TimeoutError, RedisError, OSError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # redis-py may turn a cancelled blocking read into a connection error;
+                # the caller is being cancelled, so let it end rather than retry
+                raise asyncio.CancelledError from exc
             raise StorageError(f"redis: {exc}") from exc
 
 
