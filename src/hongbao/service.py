@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from hongbao.coalescer import GrabCoalescer
 from hongbao.domain.ids import new_packet_id, require_user_id, valid_packet_id
 from hongbao.domain.models import (
     Claim,
@@ -35,6 +36,7 @@ from hongbao.errors import (
     PacketExpired,
     PacketNotFound,
 )
+from hongbao.keys import PacketKeys
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import PacketRecord
 from hongbao.settings import Settings
@@ -68,6 +70,11 @@ class Hongbao:
         self.settings = settings
         self.rng = rng or random.SystemRandom()
         self._records: OrderedDict[str, PacketRecord] = OrderedDict()
+        self.coalescer = (
+            GrabCoalescer(store, settings.coalesce_max_batch, settings.coalesce_max_in_flight)
+            if settings.coalesce_max_batch > 1
+            else None
+        )
 
     @classmethod
     async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:
@@ -161,12 +168,17 @@ class Hongbao:
         if not valid_packet_id(packet_id):
             raise PacketNotFound(f"no packet {packet_id!r}")
         keys = self.store.keys(packet_id)
-        status, claim = await self.store.grab(keys, user_id)
+        status, claim = await self._grab(keys, user_id)
         if status is GrabStatus.UNKNOWN and await self.ensure_loaded(packet_id):
-            status, claim = await self.store.grab(keys, user_id)
+            status, claim = await self._grab(keys, user_id)
         if status is GrabStatus.UNKNOWN:
             return await self._grab_from_ledger(packet_id, user_id)
         return self._grab_answer(packet_id, user_id, status, claim)
+
+    async def _grab(self, keys: PacketKeys, user_id: str) -> tuple[GrabStatus, ClaimValue | None]:
+        if self.coalescer is not None:
+            return await self.coalescer.grab(keys, user_id)
+        return await self.store.grab(keys, user_id)
 
     def _grab_answer(
         self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None

@@ -34,6 +34,10 @@ class Settings:
     persister_claim_idle_ms: int = 30_000
     #: persister: an entry that failed this many deliveries goes to the dead-letter stream
     persister_max_deliveries: int = 5
+    #: grabs per batch-script call when coalescing (1 turns coalescing off)
+    coalesce_max_batch: int = 64
+    #: batch calls in flight per bucket before new grabs wait to ride the next one
+    coalesce_max_in_flight: int = 4
     #: sweeper: seconds between scans for expired packets
     sweep_interval: float = 1.0
 
