@@ -103,8 +103,11 @@ def _pg_admin(url: sa.engine.URL, statement: str) -> None:
 
     async def run() -> None:
         conn = await asyncpg.connect(
-            host=url.host, port=url.port or 5432, user=url.username or "postgres",
-            database=url.database or "postgres", timeout=5,
+            host=url.host,
+            port=url.port or 5432,
+            user=url.username or "postgres",
+            database=url.database or "postgres",
+            timeout=5,
         )
         try:
             await conn.execute(statement)
@@ -160,8 +163,12 @@ async def ledger(sql_url: str) -> AsyncIterator[SqlLedger]:
 @pytest.fixture
 def settings(redis_url: str, sql_url: str) -> Settings:
     return Settings(
-        redis_url=redis_url, database_url=sql_url, buckets=4,
-        persister_claim_idle_ms=500, persister_block_ms=20, sweep_interval=0.2,
+        redis_url=redis_url,
+        database_url=sql_url,
+        buckets=4,
+        persister_claim_idle_ms=500,
+        persister_block_ms=20,
+        sweep_interval=0.2,
     )
 
 

@@ -7,10 +7,8 @@ batches (task cancelled, and a real process SIGKILLed) and restarted.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -56,8 +54,10 @@ async def check_outcome(service: Hongbao, packet_id: str, answers: list[GrabResu
     assert sum(w.amount for w in winners) == TOTAL
     by_user = {w.user_id: w for w in winners}
     for again in (a for a in answers if not a.first):
-        assert (again.amount, again.seq) == (by_user[again.user_id].amount,
-                                             by_user[again.user_id].seq)
+        assert (again.amount, again.seq) == (
+            by_user[again.user_id].amount,
+            by_user[again.user_id].seq,
+        )
     # the ledger, after the persister drained, equals Redis one for one
     redis_claims = await service.store.claims(service.store.keys(packet_id))
     sql_claims = await service.ledger.claims_of(packet_id)
@@ -126,8 +126,13 @@ async def test_persister_dies_mid_batch_and_is_replaced(
     grabs = asyncio.create_task(storm(service, packet_id, seed=2))
     for kill in range(4):
         await asyncio.sleep(random.Random(kill).uniform(0.05, 0.3))
-        doomed = DiesMidBatch(service.store, service.ledger, settings,
-                              consumer=f"doomed-{kill}", commit_first=commit_first)
+        doomed = DiesMidBatch(
+            service.store,
+            service.ledger,
+            settings,
+            consumer=f"doomed-{kill}",
+            commit_first=commit_first,
+        )
         with pytest.raises(Killed):
             while True:
                 await doomed.step()
@@ -162,14 +167,19 @@ async def test_persister_process_killed_mid_batch(service: Hongbao, settings: Se
     packet_id = await open_packet(service)
     grabs = asyncio.create_task(storm(service, packet_id, seed=3))
     for round_ in range(4):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PERSISTER_PROCESS, settings.redis_url,
-             settings.database_url, f"proc-{round_}", "50"],
-            env={**os.environ}, stderr=subprocess.DEVNULL,
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            PERSISTER_PROCESS,
+            settings.redis_url,
+            settings.database_url,
+            f"proc-{round_}",
+            "50",
+            stderr=asyncio.subprocess.DEVNULL,
         )
         await asyncio.sleep(0.8 + round_ * 0.3)
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        await proc.wait()
     answers = await grabs
     survivor = Persister(service.store, service.ledger, settings, consumer="survivor")
     await asyncio.sleep(settings.persister_claim_idle_ms / 1000)

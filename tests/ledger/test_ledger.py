@@ -18,8 +18,15 @@ from hongbao.ledger.sql import ClaimEvent, PacketRecord, RefundEvent
 def record(sender: str, total: int, count: int, request_hash: str = "h") -> PacketRecord:
     now = datetime.now(UTC)
     return PacketRecord(
-        id=new_packet_id(), sender_id=sender, total_amount=total, count=count, mode="lucky",
-        greeting="", status="active", created_at=now, expires_at=now + timedelta(hours=1),
+        id=new_packet_id(),
+        sender_id=sender,
+        total_amount=total,
+        count=count,
+        mode="lucky",
+        greeting="",
+        status="active",
+        created_at=now,
+        expires_at=now + timedelta(hours=1),
         request_hash=request_hash,
     )
 
@@ -30,12 +37,15 @@ async def test_deposit_is_idempotent_per_reference(ledger: SqlLedger) -> None:
     assert await ledger.deposit("alice", 250, "ref-2") == 750
     assert await ledger.balance("alice") == 750
     assert await ledger.balance("nobody") == 0
+    with pytest.raises(IdempotencyConflict):
+        await ledger.deposit("alice", 499, "ref-1")
+    assert await ledger.deposit("bob", 5, "ref-1") == 5  # references are per user
 
 
 async def test_database_refuses_negative_balance(ledger: SqlLedger) -> None:
     await ledger.deposit("alice", 10, "r")
     # PostgreSQL and SQLite raise IntegrityError, MariaDB OperationalError 4025
-    with pytest.raises(DBAPIError, match="(?i)ck_wallet_balance_not_negative|check"):
+    with pytest.raises(DBAPIError, match=r"(?i)ck_wallet_balance_not_negative|check"):
         async with ledger.engine.begin() as conn:
             await conn.execute(wallets.update().values(balance=-1))
     assert await ledger.balance("alice") == 10
@@ -66,14 +76,16 @@ async def test_apply_claims_replay_and_poison(ledger: SqlLedger) -> None:
     assert await ledger.apply(good) == [None, None]
     assert await ledger.apply(good) == [None, None]  # a replay changes nothing
     assert await ledger.balance("u1") == 100 and await ledger.balance("u2") == 150
-    outcome = await ledger.apply([
-        ClaimEvent(packet.id, 2, "u1", 50, at),       # u1 claimed already
-        ClaimEvent(packet.id, 1, "u3", 150, at),      # share 1 taken by u2
-        ClaimEvent(packet.id, 2, "u3", 999, at),      # wrong amount
-        ClaimEvent(packet.id, 7, "u3", 50, at),       # no such share
-        ClaimEvent("nope", 0, "u3", 50, at),          # no such packet
-        ClaimEvent(packet.id, 2, "u4", 50, at),       # fine
-    ])
+    outcome = await ledger.apply(
+        [
+            ClaimEvent(packet.id, 2, "u1", 50, at),  # u1 claimed already
+            ClaimEvent(packet.id, 1, "u3", 150, at),  # share 1 taken by u2
+            ClaimEvent(packet.id, 2, "u3", 999, at),  # wrong amount
+            ClaimEvent(packet.id, 7, "u3", 50, at),  # no such share
+            ClaimEvent("nope", 0, "u3", 50, at),  # no such packet
+            ClaimEvent(packet.id, 2, "u4", 50, at),  # fine
+        ]
+    )
     assert outcome[-1] is None and all(outcome[:-1])
     assert "already claimed" in str(outcome[0]) and "claimed by u2" in str(outcome[1])
     after = await ledger.get_packet(packet.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -63,7 +64,9 @@ async def test_grab_outcomes(store: RedisStore) -> None:
     assert (claim.seq, claim.amount) == (1, 10)
     again, same = await store.grab(keys, "alice")
     assert again is GrabStatus.ALREADY_CLAIMED and same == claim
-    assert (await store.grab(keys, "bob"))[1] == ClaimValue(2, 20, (await store.claims(keys))["bob"].claimed_at_ms)
+    assert (await store.grab(keys, "bob"))[1] == ClaimValue(
+        2, 20, (await store.claims(keys))["bob"].claimed_at_ms
+    )
     assert (await store.grab(keys, "carol")) == (GrabStatus.EXHAUSTED, None)
     assert (await store.grab(store.keys(new_packet_id()), "dan")) == (GrabStatus.UNKNOWN, None)
     events = await store.client.xrange(keys.events)
@@ -84,7 +87,9 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
             bucket_mates.append(keys)
     for keys in bucket_mates:
         await store.load_packet(
-            keys, expires_at_ms=now_ms() + 60_000, keep_until_ms=now_ms() + 120_000,
+            keys,
+            expires_at_ms=now_ms() + 60_000,
+            keep_until_ms=now_ms() + 120_000,
             shares=[(0, 5), (1, 7)],
         )
     answers = await store.grab_batch(
@@ -92,8 +97,12 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
     )
     statuses = [s for s, _ in answers]
     assert statuses == [
-        GrabStatus.GRANTED, GrabStatus.ALREADY_CLAIMED, GrabStatus.GRANTED,
-        GrabStatus.GRANTED, GrabStatus.EXHAUSTED, GrabStatus.GRANTED,
+        GrabStatus.GRANTED,
+        GrabStatus.ALREADY_CLAIMED,
+        GrabStatus.GRANTED,
+        GrabStatus.GRANTED,
+        GrabStatus.EXHAUSTED,
+        GrabStatus.GRANTED,
     ]
     assert answers[0][1] == answers[1][1]
     assert await store.client.xlen(bucket_mates[0].events) == 4
@@ -101,7 +110,9 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
 
 async def test_grab_batch_refuses_mixed_buckets(store: RedisStore) -> None:
     first = store.keys(new_packet_id())
-    other = next(k for k in (store.keys(new_packet_id()) for _ in range(100)) if k.bucket != first.bucket)
+    other = next(
+        k for k in (store.keys(new_packet_id()) for _ in range(100)) if k.bucket != first.bucket
+    )
     with pytest.raises(ValueError, match="one bucket"):
         await store.grab_batch([first, other], [(0, "u")])
 
@@ -110,7 +121,7 @@ async def test_close_refunds_once_and_remembers(store: RedisStore) -> None:
     keys = await load(store, [10, 20, 30], expires_in_ms=300)
     await store.grab(keys, "alice")
     assert (await store.close_packet(keys, "sender", 60_000))[0] == 3  # not yet expired
-    time.sleep(0.35)
+    await asyncio.sleep(0.35)
     assert await store.close_packet(keys, "sender", 60_000) == (1, 50, 2)
     assert (await store.close_packet(keys, "sender", 60_000))[0] == 2
     status = await store.status(keys)

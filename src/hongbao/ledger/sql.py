@@ -215,11 +215,18 @@ class SqlLedger:
     # -- wallets ---------------------------------------------------------------
 
     async def deposit(self, user_id: str, amount: int, reference: str) -> int:
-        """Credit a wallet once per reference; returns the balance after."""
+        """Credit a wallet once per (user, reference); returns the balance after.
+
+        The same reference with another amount is an IdempotencyConflict.
+        """
 
         async def work(conn: AsyncConnection) -> int:
-            ref = f"deposit:{reference}"
-            seen = await conn.scalar(sa.select(entries.c.id).where(entries.c.reference == ref))
+            ref = f"deposit:{user_id}:{reference}"
+            seen = await conn.scalar(sa.select(entries.c.amount).where(entries.c.reference == ref))
+            if seen is not None and int(seen) != amount:
+                raise IdempotencyConflict(
+                    "this deposit reference was used before with a different amount"
+                )
             if seen is None:
                 await self._ensure_wallets(conn, [user_id])
                 await self._credit(conn, {user_id: amount})

@@ -74,8 +74,12 @@ def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> Re
     # no silent retries inside redis-py: a retried command can swallow a task's
     # cancellation (seen with blocking XREADGROUP); hongbao's callers retry themselves
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, decode_responses=True, max_connections=max_connections, timeout=10,
-        retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT,
+        url,
+        decode_responses=True,
+        max_connections=max_connections,
+        timeout=10,
+        retry=Retry(NoBackoff(), 0),
+        socket_timeout=SOCKET_TIMEOUT,
     )
     return RedisStore(aioredis.Redis(connection_pool=pool), buckets)
 

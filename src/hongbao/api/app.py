@@ -1,0 +1,67 @@
+"""The ASGI app: `create_app(settings, secret, run_workers=...)`; a factory for uvicorn workers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+
+from hongbao.api.errors import EXCEPTION_HANDLERS
+from hongbao.api.openapi import build_openapi
+from hongbao.api.routes import Api
+from hongbao.auth import secret_from_env_or_dir
+from hongbao.metrics import Metrics
+from hongbao.runtime import running_service
+from hongbao.settings import Settings
+
+#: environment read by `app_from_env` (set by `hongbao serve --workers N` for its workers)
+ENV_DATA_DIR = "HONGBAO_DATA_DIR"
+ENV_DEMO = "HONGBAO_DEMO_MODE"
+
+
+def create_app(
+    settings: Settings, secret: bytes, *, run_workers: bool, demo_mode: bool = False
+) -> Starlette:
+    """The HTTP API over a service built from `settings` when the app starts.
+
+    `run_workers` also runs the persister and expiry sweeper in this process (one
+    process of a deployment should, or a separate `hongbao worker`). `demo_mode`
+    adds a plain-text hint page at ``/``.
+    """
+    api = Api(settings, secret, Metrics())
+    api.openapi = json.dumps(build_openapi(settings), ensure_ascii=False).encode()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with running_service(settings, workers=run_workers) as runtime:
+            api.runtime = runtime
+            try:
+                yield
+            finally:
+                api.runtime = None
+
+    app = Starlette(
+        routes=api.routes(demo_mode=demo_mode),
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+    app.state.api = api
+    return app
+
+
+def app_from_env() -> Starlette:
+    """App factory for uvicorn worker processes: settings and secret from the environment."""
+    data_dir = os.environ.get(ENV_DATA_DIR)
+    secret = secret_from_env_or_dir(
+        os.environ.get("HONGBAO_SECRET"), Path(data_dir) if data_dir else None
+    )
+    return create_app(
+        Settings.from_env(),
+        secret,
+        run_workers=False,
+        demo_mode=os.environ.get(ENV_DEMO) == "1",
+    )

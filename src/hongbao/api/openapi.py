@@ -1,0 +1,241 @@
+"""The OpenAPI 3.1 document, from the pydantic models and the running settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+import hongbao
+from hongbao.api.errors import PROBLEM_TYPE
+from hongbao.api.routes import IDEMPOTENCY_KEY_PATTERN, MAX_BODY
+from hongbao.api.schemas import (
+    ClaimsOut,
+    DepositRequest,
+    GrabOut,
+    Health,
+    PacketOut,
+    Problem,
+    SendRequest,
+    WalletOut,
+)
+from hongbao.auth import USER_ID_PATTERN
+from hongbao.domain.ids import PACKET_ID_PATTERN
+from hongbao.settings import Settings
+
+REF = "#/components/schemas/{model}"
+
+_MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+    (DepositRequest, "validation"),
+    (SendRequest, "validation"),
+    (WalletOut, "serialization"),
+    (PacketOut, "serialization"),
+    (GrabOut, "serialization"),
+    (ClaimsOut, "serialization"),
+    (Problem, "serialization"),
+    (Health, "serialization"),
+]
+
+_ERRORS = {
+    401: "missing, malformed, forged or expired bearer token (`unauthorized`)",
+    403: "not allowed for this caller (`forbidden`)",
+    404: "no such packet (`packet_not_found`) or no such route (`not_found`)",
+    409: "`insufficient_balance`, or `idempotency_conflict` (same key, other body)",
+    410: "`packet_exhausted` or `packet_expired`",
+    413: f"body over {MAX_BODY} bytes (`payload_too_large`)",
+    415: "body is not JSON (`unsupported_media_type`)",
+    422: "a field is invalid (`invalid_request`; `field` names it)",
+    503: "Redis or the database is unreachable (`storage_unavailable`)",
+}
+
+
+def build_openapi(settings: Settings) -> dict[str, Any]:
+    _, defs = models_json_schema(_MODELS, ref_template=REF)
+    schemas: dict[str, Any] = defs["$defs"]
+    limits = settings.split_limits
+    send = schemas["SendRequest"]["properties"]
+    send["count"]["maximum"] = limits.max_count
+    send["total_amount"]["maximum"] = limits.max_count * limits.max_share
+    send["total_amount"]["description"] += (
+        f"; from count × {limits.min_share} to count × {limits.max_share}"
+    )
+    send["expires_in"]["maximum"] = settings.max_expires_in
+    send["expires_in"]["default"] = settings.default_expires_in
+
+    user = _path_param("user_id", {"type": "string", "pattern": USER_ID_PATTERN})
+    packet = _path_param("packet_id", {"type": "string", "pattern": PACKET_ID_PATTERN.pattern})
+    idempotency = {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": False,
+        "description": "retrying with the same key repeats the first answer, changing nothing",
+        "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 128},
+    }
+    paths: dict[str, Any] = {
+        "/v1/wallets/{user_id}/deposits": {
+            "post": _op(
+                "deposit",
+                "Add money to a wallet (admin only)",
+                [user, idempotency],
+                _body("DepositRequest"),
+                201,
+                "WalletOut",
+                [401, 403, 404, 409, 413, 415, 422, 503],
+            )
+        },
+        "/v1/wallets/{user_id}": {
+            "get": _op(
+                "getWallet",
+                "A wallet's balance (its owner or an admin)",
+                [user],
+                None,
+                200,
+                "WalletOut",
+                [401, 403, 404, 422, 503],
+            )
+        },
+        "/v1/packets": {
+            "post": _op(
+                "sendPacket",
+                "Send a red packet (debits the caller)",
+                [idempotency],
+                _body("SendRequest"),
+                201,
+                "PacketOut",
+                [401, 404, 409, 413, 415, 422, 503],
+            )
+        },
+        "/v1/packets/{packet_id}": {
+            "get": _op(
+                "getPacket",
+                "A packet and what is left in it",
+                [packet],
+                None,
+                200,
+                "PacketOut",
+                [401, 404, 503],
+            )
+        },
+        "/v1/packets/{packet_id}/grab": {
+            "post": _op(
+                "grabPacket",
+                "Take one share; the same caller again gets the same share",
+                [packet],
+                None,
+                200,
+                "GrabOut",
+                [401, 404, 410, 503],
+            )
+        },
+        "/v1/packets/{packet_id}/claims": {
+            "get": _op(
+                "getClaims",
+                "Who got what, in grab order",
+                [packet],
+                None,
+                200,
+                "ClaimsOut",
+                [401, 404, 503],
+            )
+        },
+        "/healthz": {"get": _plain("healthz", "The process is up", {200: "Health"})},
+        "/readyz": {
+            "get": _plain(
+                "readyz", "Redis and the database answer", {200: "Health", 503: "Problem"}
+            )
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "hongbao",
+            "version": hongbao.__version__,
+            "description": (
+                "Red packets (红包). Amounts are integers in fen. Every /v1 call needs "
+                "`Authorization: Bearer <token>` (`hongbao token USER`). Errors are "
+                "application/problem+json with a machine-readable `code`."
+            ),
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": REF.format(model=name)}
+
+
+def _path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+def _body(model: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {PROBLEM_TYPE: {"schema": _ref("Problem")}}}
+
+
+def _op(
+    operation_id: str,
+    summary: str,
+    parameters: list[dict[str, Any]],
+    body: dict[str, Any] | None,
+    status: int,
+    model: str,
+    errors: list[int],
+) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        str(status): {"description": "OK", "content": {"application/json": {"schema": _ref(model)}}}
+    }
+    for code in errors:
+        responses[str(code)] = _problem(_ERRORS[code])
+    op: dict[str, Any] = {"operationId": operation_id, "summary": summary, "responses": responses}
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+def _plain(operation_id: str, summary: str, responses: dict[int, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for status, model in responses.items():
+        media = PROBLEM_TYPE if model == "Problem" else "application/json"
+        out[str(status)] = {
+            "description": "OK" if status < 400 else "not ready",
+            "content": {media: {"schema": _ref(model)}},
+        }
+    return {"operationId": operation_id, "summary": summary, "security": [], "responses": out}

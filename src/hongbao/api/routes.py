@@ -1,0 +1,280 @@
+"""The endpoints. Each checks the bearer token, reads and validates its input, calls the service.
+
+Order of checks for a /v1 call: token (401), permission (403), path parameters,
+body size (413), content type and JSON syntax (415), body fields (422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from hongbao.api.errors import ApiError, domain_problem, forbidden, invalid, problem
+from hongbao.api.schemas import (
+    DepositRequest,
+    SendRequest,
+    claims_json,
+    grab_json,
+    packet_json,
+    wallet_json,
+)
+from hongbao.auth import AuthError, Principal, bearer_token, valid_user_id, verify_token
+from hongbao.errors import (
+    HongbaoError,
+    InvalidRequest,
+    PacketExhausted,
+    PacketExpired,
+    PacketNotFound,
+    StorageError,
+)
+from hongbao.metrics import CONTENT_TYPE, Metrics
+from hongbao.runtime import Runtime
+from hongbao.service import Hongbao
+from hongbao.settings import Settings
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_BODY = 16 * 1024
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+PING_TIMEOUT = 2.0
+
+DEMO_TEXT = """hongbao is running (embedded mode).
+
+  hongbao token --admin admin         # a token for deposits
+  hongbao token alice bob             # tokens for users
+  curl -H "Authorization: Bearer $TOKEN" http://HOST/v1/wallets/alice
+
+API description: /openapi.json
+"""
+
+
+class Api:
+    """The endpoints of one app; `runtime` is set by the app's lifespan."""
+
+    def __init__(self, settings: Settings, secret: bytes, metrics: Metrics) -> None:
+        self.settings = settings
+        self.secret = secret
+        self.metrics = metrics
+        self.runtime: Runtime | None = None
+        self.openapi: bytes = b"{}"
+
+    @property
+    def service(self) -> Hongbao:
+        if self.runtime is None:
+            raise StorageError("the service is not started")
+        return self.runtime.service
+
+    def routes(self, *, demo_mode: bool = False) -> list[Route]:
+        routes = [
+            Route("/v1/wallets/{user_id}/deposits", self.deposit, methods=["POST"]),
+            Route("/v1/wallets/{user_id}", self.wallet, methods=["GET"]),
+            Route("/v1/packets", self.send, methods=["POST"]),
+            Route("/v1/packets/{packet_id}", self.packet, methods=["GET"]),
+            Route("/v1/packets/{packet_id}/grab", self.grab, methods=["POST"]),
+            Route("/v1/packets/{packet_id}/claims", self.claims, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/openapi.json", self.openapi_json, methods=["GET"]),
+        ]
+        if demo_mode:
+            routes.append(Route("/", self.demo, methods=["GET"]))
+        return routes
+
+    # -- /v1 ----------------------------------------------------------------------------------
+
+    def caller(self, request: Request) -> Principal:
+        token = bearer_token(request.headers.get("authorization"))
+        return verify_token(self.secret, token)
+
+    async def deposit(self, request: Request) -> Response:
+        caller = self.caller(request)
+        if not caller.admin:
+            raise forbidden("only an admin may deposit")
+        user_id = _user_id(request)
+        key = _idempotency_key(request)
+        body = await read_json(request, DepositRequest)
+        wallet = await self.service.deposit(user_id, body.amount, reference=key)
+        return JSONResponse(wallet_json(wallet), status_code=201)
+
+    async def wallet(self, request: Request) -> Response:
+        caller = self.caller(request)
+        user_id: str = request.path_params["user_id"]
+        if caller.user_id != user_id and not caller.admin:
+            raise forbidden("a wallet can be read by its owner or an admin")
+        wallet = await self.service.wallet(_user_id(request))
+        return JSONResponse(wallet_json(wallet))
+
+    async def send(self, request: Request) -> Response:
+        caller = self.caller(request)
+        key = _idempotency_key(request)
+        body = await read_json(request, SendRequest)
+        packet = await self.service.send(
+            caller.user_id,
+            body.total_amount,
+            body.count,
+            body.mode,
+            body.greeting,
+            body.expires_in if "expires_in" in body.model_fields_set else None,
+            idempotency_key=key,
+        )
+        return JSONResponse(packet_json(packet), status_code=201)
+
+    async def packet(self, request: Request) -> Response:
+        self.caller(request)
+        packet = await self.service.packet(request.path_params["packet_id"])
+        return JSONResponse(packet_json(packet))
+
+    async def grab(self, request: Request) -> Response:
+        """The hot path: one HMAC check and one Redis script; no SQL on success."""
+        started = time.perf_counter()
+        metrics = self.metrics
+        try:
+            caller = self.caller(request)
+            result = await self.service.grab(request.path_params["packet_id"], caller.user_id)
+        except HongbaoError as exc:
+            metrics.grabs.labels(_outcome(exc)).inc()
+            metrics.grab_seconds.observe(time.perf_counter() - started)
+            return domain_problem(exc)
+        metrics.grabs.labels("granted" if result.first else "repeat").inc()
+        metrics.grab_seconds.observe(time.perf_counter() - started)
+        return JSONResponse(grab_json(result))
+
+    async def claims(self, request: Request) -> Response:
+        self.caller(request)
+        claims = await self.service.claims(request.path_params["packet_id"])
+        return JSONResponse(claims_json(claims))
+
+    # -- operations ---------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        runtime = self.runtime
+        if runtime is None:
+            return problem(503, "not_ready", "the service is starting or stopping")
+        redis_ok, db_ok = await asyncio.gather(
+            _ping(runtime.service.store.ping()), _ping(runtime.service.ledger.ping())
+        )
+        down = [name for name, ok in (("redis", redis_ok), ("database", db_ok)) if not ok]
+        if down:
+            return problem(
+                503,
+                "storage_unavailable",
+                f"unreachable: {', '.join(down)}",
+                headers={"Retry-After": "1"},
+            )
+        if not runtime.workers_alive():
+            return problem(503, "not_ready", "the persister or sweeper stopped unexpectedly")
+        return JSONResponse({"status": "ready"})
+
+    async def metrics_text(self, request: Request) -> Response:
+        if self.runtime is not None:
+            await self.metrics.refresh(self.runtime.service.store)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def openapi_json(self, request: Request) -> Response:
+        return Response(self.openapi, media_type="application/json")
+
+    async def demo(self, request: Request) -> Response:
+        return PlainTextResponse(DEMO_TEXT.replace("HOST", request.url.netloc))
+
+
+# -- input ------------------------------------------------------------------------------------
+
+
+def _user_id(request: Request) -> str:
+    user_id: str = request.path_params["user_id"]
+    if not valid_user_id(user_id):
+        raise invalid("user_id must be 1-64 characters of letters, digits and _ . : @ -", "user_id")
+    return user_id
+
+
+async def read_json(request: Request, model: type[M]) -> M:
+    """The body as `model`: 413 over 16 KiB, 415 unless JSON, 422 naming the bad field."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY:
+        raise _too_large()
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise ApiError(415, "unsupported_media_type", "the body must be application/json")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _too_large()
+        chunks.append(chunk)
+    try:
+        data: Any = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        raise ApiError(415, "unsupported_media_type", "the body is not valid JSON") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field, detail = _describe(error)
+        raise invalid(detail, field) from None
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, "payload_too_large", f"the body must be at most {MAX_BODY} bytes")
+
+
+def _describe(error: ErrorDetails) -> tuple[str, str]:
+    field = ".".join(str(part) for part in error["loc"]) or "body"
+    kind = error["type"]
+    if kind == "missing":
+        return field, f"{field} is required"
+    if kind == "extra_forbidden":
+        return field, f"unknown field {field}"
+    if kind == "model_type":
+        return field, "the body must be a JSON object"
+    if kind == "int_type":
+        return field, f"{field} must be an integer"
+    if kind == "string_type":
+        return field, f"{field} must be a string"
+    return field, f"{field}: {error['msg']}"
+
+
+def _outcome(exc: HongbaoError) -> str:
+    if isinstance(exc, PacketExhausted):
+        return "exhausted"
+    if isinstance(exc, PacketExpired):
+        return "expired"
+    if isinstance(exc, PacketNotFound):
+        return "not_found"
+    if isinstance(exc, AuthError):
+        return "unauthorized"
+    if isinstance(exc, InvalidRequest):
+        return "invalid"
+    return "error"
+
+
+async def _ping(check: Any) -> bool:
+    try:
+        return bool(await asyncio.wait_for(check, PING_TIMEOUT))
+    except (TimeoutError, StorageError, OSError):
+        return False
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise invalid(
+            "Idempotency-Key must be 1 to 128 visible ASCII characters", "Idempotency-Key"
+        )
+    return key

@@ -1,0 +1,164 @@
+"""Request and response bodies of the HTTP API (pydantic models, strict).
+
+Requests are validated with these models; responses are built as plain dicts on
+the hot path, and the response models below exist for the OpenAPI document
+(the tests check that real responses match them).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hongbao.auth import USER_ID_PATTERN
+from hongbao.domain.ids import PACKET_ID_PATTERN
+from hongbao.domain.models import ClaimsList, GrabResult, Packet, Wallet
+
+#: the largest single deposit, fen (100 million yuan); keeps wallets far from BIGINT overflow
+MAX_DEPOSIT = 10_000_000_000
+MAX_GREETING = 200
+#: greeting text: no control characters except tab, newline and carriage return
+GREETING_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+
+UserId = Annotated[str, Field(pattern=USER_ID_PATTERN, examples=["alice"])]
+PacketId = Annotated[str, Field(pattern=PACKET_ID_PATTERN.pattern)]
+Fen = Annotated[int, Field(ge=0, description="an amount in fen (1 yuan = 100 fen)")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class DepositRequest(_Strict):
+    amount: int = Field(ge=1, le=MAX_DEPOSIT, description="fen to add to the wallet")
+
+
+class SendRequest(_Strict):
+    total_amount: int = Field(ge=1, description="fen to split; debited from the sender")
+    count: int = Field(ge=1, description="number of shares")
+    mode: Literal["lucky", "equal"] = Field(
+        description="lucky: random shares; equal: the same for everyone (give or take 1 fen)"
+    )
+    greeting: str = Field(default="", max_length=MAX_GREETING, pattern=GREETING_PATTERN)
+    expires_in: int = Field(
+        default=86_400, ge=1, description="seconds until unclaimed money returns"
+    )
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+class WalletOut(BaseModel):
+    user_id: UserId
+    balance: Fen
+
+
+class PacketOut(BaseModel):
+    id: PacketId
+    sender_id: UserId
+    total_amount: int = Field(ge=1)
+    count: int = Field(ge=1)
+    mode: Literal["lucky", "equal"]
+    greeting: str
+    status: Literal["active", "exhausted", "expired"]
+    remaining_count: int = Field(ge=0)
+    remaining_amount: Fen
+    created_at: datetime
+    expires_at: datetime
+
+
+class GrabOut(BaseModel):
+    packet_id: PacketId
+    user_id: UserId
+    amount: int = Field(ge=1)
+    seq: int = Field(ge=1, description="1-based number of the share this user got")
+    first: bool = Field(description="false when this user had grabbed this packet before")
+
+
+class ClaimOut(BaseModel):
+    user_id: UserId
+    amount: int = Field(ge=1)
+    seq: int = Field(ge=1)
+    claimed_at: datetime
+
+
+class ClaimsOut(BaseModel):
+    packet_id: PacketId
+    claims: list[ClaimOut]
+    best_luck: UserId | None = Field(
+        description="who got the largest share, once every share is taken; else null"
+    )
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, with a machine-readable `code`."""
+
+    type: str
+    title: str
+    status: int = Field(ge=400, le=599)
+    detail: str
+    code: str
+    field: str | None = Field(default=None, description="the offending field (422 only)")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready"]
+
+
+# -- domain -> JSON ---------------------------------------------------------------------------
+
+
+def iso(moment: datetime) -> str:
+    """ISO 8601 / RFC 3339 in UTC with milliseconds: 2026-02-17T08:00:00.000Z."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def wallet_json(wallet: Wallet) -> dict[str, Any]:
+    return {"user_id": wallet.user_id, "balance": wallet.balance}
+
+
+def packet_json(p: Packet) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "sender_id": p.sender_id,
+        "total_amount": p.total_amount,
+        "count": p.count,
+        "mode": p.mode.value,
+        "greeting": p.greeting,
+        "status": p.status.value,
+        "remaining_count": p.remaining_count,
+        "remaining_amount": p.remaining_amount,
+        "created_at": iso(p.created_at),
+        "expires_at": iso(p.expires_at),
+    }
+
+
+def grab_json(g: GrabResult) -> dict[str, Any]:
+    return {
+        "packet_id": g.packet_id,
+        "user_id": g.user_id,
+        "amount": g.amount,
+        "seq": g.seq,
+        "first": g.first,
+    }
+
+
+def claims_json(c: ClaimsList) -> dict[str, Any]:
+    return {
+        "packet_id": c.packet_id,
+        "claims": [
+            {
+                "user_id": x.user_id,
+                "amount": x.amount,
+                "seq": x.seq,
+                "claimed_at": iso(x.claimed_at),
+            }
+            for x in c.claims
+        ],
+        "best_luck": c.best_luck,
+    }

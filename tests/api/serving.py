@@ -1,0 +1,158 @@
+"""Run `hongbao` the way a user does: the venv's console script, as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from hongbao.ledger import SqlLedger
+from hongbao.runtime import ledger_url
+
+SCRIPT = Path(sys.executable).parent / "hongbao"
+
+
+def command() -> list[str]:
+    """The `hongbao` console script of this venv (or `python -m hongbao.cli` without one)."""
+    return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hongbao.cli"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without HONGBAO_* settings (the embedded default), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [*command(), *args],
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kw,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def servers_for(data_dir: Path) -> list[str]:
+    """valkey/redis server processes whose command line names this data dir."""
+    out = subprocess.run(
+        ["pgrep", "-af", "valkey-server|redis-server"], capture_output=True, text=True, check=False
+    )
+    return [line for line in out.stdout.splitlines() if str(data_dir) in line]
+
+
+def audit(data_dir: Path) -> list[str]:
+    """The ledger's invariant check on a stopped server's SQLite ledger."""
+
+    async def run() -> list[str]:
+        ledger = SqlLedger.from_url(ledger_url(data_dir))
+        try:
+            return await ledger.audit()
+        finally:
+            await ledger.aclose()
+
+    return asyncio.run(run())
+
+
+class Serve:
+    """`hongbao serve --data-dir DIR --port PORT` as a subprocess."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, *args: str) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.args = args
+        self.log_path = data_dir.parent / f"serve-{data_dir.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> Self:
+        argv = [
+            *command(),
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=clean_env(),
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"hongbao serve exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"hongbao serve did not answer within {timeout}s:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Signal the server and wait; its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"hongbao serve ignored signal {sig}:\n{self.log()}") from None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except OSError:
+            return "(no log)"
+
+    def tokens(self, *users: str, admin: bool = False) -> list[str]:
+        flags = ["--admin"] if admin else []
+        done = run_cli("token", *users, *flags, "--data-dir", str(self.data_dir))
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(AssertionError):
+                self.stop()

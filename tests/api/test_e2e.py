@@ -1,0 +1,336 @@
+"""End to end: `hongbao serve` as a subprocess on the embedded default, driven over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.serving import Serve, audit, clean_env, command, servers_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+GRABBERS = 1_000
+SHARES = 100
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def check_problem(r: httpx.Response, status: int, code: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == code and r.json()["status"] == status
+
+
+async def poll(
+    client: httpx.AsyncClient, path: str, headers: dict[str, str], key: str, want: Any
+) -> Any:
+    deadline = time.monotonic() + 20
+    while True:
+        got = (await client.get(path, headers=headers)).json()[key]
+        if got == want or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.1)
+
+
+async def drive(server: Serve) -> dict[str, Any]:
+    """Everything a user does over HTTP; returns what must survive a restart."""
+    [admin] = server.tokens("admin", admin=True)
+    users = [f"user{i:04d}" for i in range(GRABBERS)]
+    minted = server.tokens("sender", "other", *users)
+    sender, other, grabbers = minted[0], minted[1], minted[2:]
+    assert len(grabbers) == GRABBERS
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30) as client:
+        r = await client.post(
+            "/v1/wallets/sender/deposits", json={"amount": 1_000_000}, headers=auth(admin)
+        )
+        assert r.status_code == 201 and r.json() == {"user_id": "sender", "balance": 1_000_000}
+
+        # one packet, 100 shares, 1,000 concurrent grabbers
+        r = await client.post(
+            "/v1/packets",
+            json={"total_amount": 50_000, "count": SHARES, "mode": "lucky", "greeting": "新年快乐"},
+            headers={**auth(sender), "Idempotency-Key": "e2e-big"},
+        )
+        assert r.status_code == 201, r.text
+        big = r.json()
+        grabs = await asyncio.gather(
+            *(client.post(f"/v1/packets/{big['id']}/grab", headers=auth(t)) for t in grabbers)
+        )
+        winners = {r.json()["user_id"]: r.json() for r in grabs if r.status_code == 200}
+        assert len(winners) == SHARES
+        assert all(w["first"] is True for w in winners.values())
+        assert sum(w["amount"] for w in winners.values()) == 50_000
+        assert sorted(w["seq"] for w in winners.values()) == list(range(1, SHARES + 1))
+        losers = [r for r in grabs if r.status_code != 200]
+        assert len(losers) == GRABBERS - SHARES
+        for r in losers:
+            check_problem(r, 410, "packet_exhausted")
+
+        # repeat grabs: the same share, first=false; losers stay exhausted
+        token_of = dict(zip(users, grabbers, strict=True))
+        repeats = await asyncio.gather(
+            *(
+                client.post(f"/v1/packets/{big['id']}/grab", headers=auth(token_of[u]))
+                for u in winners
+            )
+        )
+        for r in repeats:
+            assert r.status_code == 200
+            assert r.json() == {**winners[r.json()["user_id"]], "first": False}
+        loser = next(u for u in users if u not in winners)
+        r = await client.post(f"/v1/packets/{big['id']}/grab", headers=auth(token_of[loser]))
+        check_problem(r, 410, "packet_exhausted")
+
+        r = await client.get(f"/v1/packets/{big['id']}/claims", headers=auth(other))
+        claims = r.json()
+        assert len(claims["claims"]) == SHARES
+        assert {c["user_id"]: (c["amount"], c["seq"]) for c in claims["claims"]} == {
+            u: (w["amount"], w["seq"]) for u, w in winners.items()
+        }
+        top = max(w["amount"] for w in winners.values())
+        assert winners[claims["best_luck"]]["amount"] == top
+        r = await client.get(f"/v1/packets/{big['id']}", headers=auth(other))
+        assert r.json()["status"] == "exhausted" and r.json()["remaining_amount"] == 0
+
+        # winners' wallets are credited by the persister
+        for u, w in list(winners.items())[:20]:
+            got = await poll(client, f"/v1/wallets/{u}", auth(admin), "balance", w["amount"])
+            assert got == w["amount"], u
+
+        # an expiring packet: two grabs, then expiry, 410 and a refund to the sender
+        r = await client.post(
+            "/v1/packets",
+            json={"total_amount": 500, "count": 5, "mode": "equal", "expires_in": 1},
+            headers=auth(sender),
+        )
+        short = r.json()
+        late = [u for u in users if u not in winners][:3]
+        for u in late[:2]:
+            r = await client.post(f"/v1/packets/{short['id']}/grab", headers=auth(token_of[u]))
+            assert r.status_code == 200 and r.json()["amount"] == 100
+        await asyncio.sleep(1.2)
+        r = await client.post(f"/v1/packets/{short['id']}/grab", headers=auth(token_of[late[2]]))
+        check_problem(r, 410, "packet_expired")
+        expected = 1_000_000 - 50_000 - 500 + 300
+        got = await poll(client, "/v1/wallets/sender", auth(sender), "balance", expected)
+        assert got == expected
+        r = await client.get(f"/v1/packets/{short['id']}", headers=auth(sender))
+        assert r.json()["status"] == "expired"
+
+        await error_rows(client, admin, sender, other, big["id"])
+
+        # let the persister catch up, then take the snapshot that must survive a restart
+        owed = {u: w["amount"] for u, w in winners.items()} | {late[0]: 100, late[1]: 100}
+        for u, amount in owed.items():
+            got = await poll(client, f"/v1/wallets/{u}", auth(admin), "balance", amount)
+            assert got == amount, u
+        return await snapshot(client, admin, [big["id"], short["id"]], ["sender", *users])
+
+
+async def error_rows(
+    client: httpx.AsyncClient, admin: str, sender: str, other: str, packet_id: str
+) -> None:
+    """Every error row of the contract, over real HTTP."""
+    r = await client.get("/v1/wallets/sender")
+    check_problem(r, 401, "unauthorized")
+    r = await client.get("/v1/wallets/sender", headers=auth(sender[:-2] + "xx"))
+    check_problem(r, 401, "unauthorized")
+    check_problem(await client.get("/v1/wallets/sender", headers=auth(other)), 403, "forbidden")
+    r = await client.post("/v1/wallets/other/deposits", json={"amount": 5}, headers=auth(other))
+    check_problem(r, 403, "forbidden")
+    r = await client.post("/v1/wallets/other/deposits", json={"amount": 5.0}, headers=auth(admin))
+    check_problem(r, 422, "invalid_request")
+    assert r.json()["field"] == "amount"
+    body = {"total_amount": 1000, "count": 0, "mode": "lucky"}
+    r = await client.post("/v1/packets", json=body, headers=auth(sender))
+    check_problem(r, 422, "invalid_request")
+    assert r.json()["field"] == "count"
+    body = {"total_amount": 1000, "count": 2, "mode": "lucky"}
+    r = await client.post("/v1/packets", json=body, headers=auth(other))
+    check_problem(r, 409, "insufficient_balance")
+    r = await client.post(
+        "/v1/packets",
+        json={**body, "count": 3},
+        headers={**auth(sender), "Idempotency-Key": "e2e-big"},
+    )
+    check_problem(r, 409, "idempotency_conflict")
+    r = await client.get("/v1/packets/01aaaaaaaaaaaaaaaaaaaaaaaa", headers=auth(other))
+    check_problem(r, 404, "packet_not_found")
+    r = await client.post("/v1/packets/01aaaaaaaaaaaaaaaaaaaaaaaa/grab", headers=auth(other))
+    check_problem(r, 404, "packet_not_found")
+    r = await client.get("/v1/packets/01aaaaaaaaaaaaaaaaaaaaaaaa/claims", headers=auth(other))
+    check_problem(r, 404, "packet_not_found")
+    r = await client.post(
+        "/v1/packets",
+        content=json.dumps({**body, "greeting": "x" * 20_000}),
+        headers={**auth(sender), "content-type": "application/json"},
+    )
+    check_problem(r, 413, "payload_too_large")
+    r = await client.post("/v1/packets", content="count=2", headers=auth(sender))
+    check_problem(r, 415, "unsupported_media_type")
+    r = await client.get(f"/v1/packets/{packet_id}", headers=auth(other))
+    assert r.status_code == 200
+    assert (await client.get("/readyz")).status_code == 200
+    assert "hongbao_grabs_total" in (await client.get("/metrics")).text
+
+
+async def snapshot(
+    client: httpx.AsyncClient, admin: str, packets: list[str], users: list[str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pid in packets:
+        out[f"packet:{pid}"] = (await client.get(f"/v1/packets/{pid}", headers=auth(admin))).json()
+        r = await client.get(f"/v1/packets/{pid}/claims", headers=auth(admin))
+        out[f"claims:{pid}"] = r.json()
+    balances = await asyncio.gather(
+        *(client.get(f"/v1/wallets/{u}", headers=auth(admin)) for u in users)
+    )
+    for u, r in zip(users, balances, strict=True):
+        out[f"wallet:{u}"] = r.json()["balance"]
+    return out
+
+
+def stop_cleanly(server: Serve) -> None:
+    assert server.stop(signal.SIGTERM) == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()
+    assert servers_for(server.data_dir) == []
+
+
+def test_serve_end_to_end_and_restart(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    server = Serve(data_dir)
+    with server:
+        before = asyncio.run(drive(server))
+        stop_cleanly(server)
+    secret = data_dir / "secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert (data_dir / "ledger.sqlite3").exists()
+    assert audit(data_dir) == []
+
+    again = Serve(data_dir)  # a new port: nothing depends on the old one
+    with again:
+        [admin] = again.tokens("admin", admin=True)
+
+        async def after() -> dict[str, Any]:
+            async with httpx.AsyncClient(base_url=again.url, timeout=30) as client:
+                packets = [k.split(":", 1)[1] for k in before if k.startswith("packet:")]
+                users = [k.split(":", 1)[1] for k in before if k.startswith("wallet:")]
+                return await snapshot(client, admin, packets, users)
+
+        assert asyncio.run(after()) == before
+        big = next(v for k, v in before.items() if k.startswith("claims:") and v["claims"])
+        claim = big["claims"][0]
+        [token] = again.tokens(claim["user_id"])
+        r = httpx.post(f"{again.url}/v1/packets/{big['packet_id']}/grab", headers=auth(token))
+        assert r.status_code == 200
+        assert r.json() == {
+            "packet_id": big["packet_id"],
+            "user_id": claim["user_id"],
+            "amount": claim["amount"],
+            "seq": claim["seq"],
+            "first": False,
+        }
+        stop_cleanly(again)
+    assert audit(data_dir) == []
+
+
+def _send_grab_expire(server: Serve) -> None:
+    """A send, a grab and an expiry refund: proves the persister and sweeper run somewhere."""
+    [admin] = server.tokens("admin", admin=True)
+    sender, grabber = server.tokens("sender", "grabber")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        r = client.post("/v1/wallets/sender/deposits", json={"amount": 1000}, headers=auth(admin))
+        assert r.status_code == 201, r.text
+        r = client.post(
+            "/v1/packets",
+            json={"total_amount": 300, "count": 3, "mode": "equal", "expires_in": 1},
+            headers=auth(sender),
+        )
+        pid = r.json()["id"]
+        r = client.post(f"/v1/packets/{pid}/grab", headers=auth(grabber))
+        assert r.status_code == 200 and r.json()["amount"] == 100
+        deadline = time.monotonic() + 20
+        want = {"sender": 900, "grabber": 100}
+        while True:
+            got = {
+                u: client.get(f"/v1/wallets/{u}", headers=auth(admin)).json()["balance"]
+                for u in want
+            }
+            if got == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert got == want
+        check_problem(
+            client.post(f"/v1/packets/{pid}/grab", headers=auth(admin)), 410, "packet_expired"
+        )
+
+
+def test_serve_with_several_api_processes(tmp_path: Path) -> None:
+    server = Serve(tmp_path / "data", None, "--workers", "2")
+    with server:
+        _send_grab_expire(server)
+        stop_cleanly(server)
+    assert audit(tmp_path / "data") == []
+
+
+def test_external_redis_with_a_separate_worker(tmp_path: Path, redis_url: str) -> None:
+    """`serve --no-persister` on a configured Redis; `hongbao worker` applies the events."""
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    data_dir = tmp_path / "data"
+    server = Serve(data_dir, None, "--redis-url", redis_url, "--no-persister")
+    with server:
+        env = clean_env()
+        worker = subprocess.Popen(
+            [*command(), "worker", "--redis-url", redis_url, "--data-dir", str(data_dir)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            _send_grab_expire(server)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            output = worker.communicate(timeout=30)[0].decode(errors="replace")
+        assert worker.returncode == 0, output
+        assert "Traceback" not in output, output
+        stop_cleanly(server)
+    assert audit(data_dir) == []
+    redis.Redis.from_url(redis_url).flushdb()
+
+
+def test_ctrl_c_and_restart_after_a_crash(tmp_path: Path) -> None:
+    """SIGINT stops cleanly; after a SIGKILLed run the stale server is replaced at next start."""
+    data_dir = tmp_path / "data"
+    server = Serve(data_dir)
+    with server:
+        _send_grab_expire(server)
+        assert server.stop(signal.SIGINT) == 0, server.log()
+        assert servers_for(data_dir) == []
+
+    crashed = Serve(data_dir)
+    with crashed:
+        assert crashed.stop(signal.SIGKILL) == -signal.SIGKILL
+        assert len(servers_for(data_dir)) == 1  # the orphan of the crashed run
+
+    again = Serve(data_dir)
+    with again:
+        [admin] = again.tokens("admin", admin=True)
+        r = httpx.get(f"{again.url}/v1/wallets/sender", headers=auth(admin))
+        assert r.json()["balance"] == 900
+        assert len(servers_for(data_dir)) == 1
+        stop_cleanly(again)
+    assert audit(data_dir) == []
