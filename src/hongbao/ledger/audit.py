@@ -1,0 +1,88 @@
+"""Ledger invariants: every packet's money accounted for, every wallet explained."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from hongbao.ledger.schema import claims, entries, packets, wallets
+
+
+async def audit_ledger(conn: AsyncConnection) -> list[str]:
+    """Every returned line names a violated invariant and the packet or wallet."""
+    problems, held = await _packets(conn)
+    problems.extend(await _wallets(conn))
+    wallet_total = int(await conn.scalar(sa.select(sa.func.sum(wallets.c.balance))) or 0)
+    deposits = int(
+        await conn.scalar(
+            sa.select(sa.func.sum(entries.c.amount)).where(entries.c.kind == "deposit")
+        )
+        or 0
+    )
+    if wallet_total + held != deposits:
+        problems.append(
+            f"money: wallets {wallet_total} + held in open packets {held} != deposits {deposits}"
+        )
+    return problems
+
+
+async def _packets(conn: AsyncConnection) -> tuple[list[str], int]:
+    """Per-packet checks; also returns the money still held by open packets."""
+    claim_sums = (
+        sa.select(
+            claims.c.packet_id,
+            sa.func.count().label("n"),
+            sa.func.sum(claims.c.amount).label("amount"),
+        )
+        .group_by(claims.c.packet_id)
+        .subquery()
+    )
+    rows = await conn.execute(
+        sa.select(
+            packets.c.id,
+            packets.c.total_amount,
+            packets.c.count,
+            packets.c.status,
+            packets.c.claimed_count,
+            packets.c.claimed_amount,
+            packets.c.refunded_amount,
+            packets.c.closed_at,
+            claim_sums.c.n,
+            claim_sums.c.amount,
+        ).outerjoin(claim_sums, claim_sums.c.packet_id == packets.c.id)
+    )
+    problems: list[str] = []
+    held = 0
+    for pid, total, count, status, n_c, a_c, refunded, closed, n_real, a_real in rows:
+        n_real, a_real = int(n_real or 0), int(a_real or 0)
+        if (n_c, a_c) != (n_real, a_real):
+            problems.append(
+                f"packet {pid}: counters say {n_c} claims / {a_c} fen, "
+                f"claims table has {n_real} / {a_real}"
+            )
+        if a_real + refunded > total:
+            problems.append(f"packet {pid}: claimed + refunded exceeds total {total}")
+        if closed is not None and a_real + refunded != total:
+            problems.append(
+                f"packet {pid}: closed but claimed {a_real} + refunded {refunded} != total {total}"
+            )
+        if status == "exhausted" and n_real != count:
+            problems.append(f"packet {pid}: exhausted with {n_real} of {count} claims")
+        if closed is None:
+            held += total - a_real - refunded
+    return problems, held
+
+
+async def _wallets(conn: AsyncConnection) -> list[str]:
+    negative = await conn.execute(sa.select(wallets.c.user_id).where(wallets.c.balance < 0))
+    problems = [f"wallet {u}: negative balance" for (u,) in negative]
+    mismatched = await conn.execute(
+        sa.select(wallets.c.user_id, wallets.c.balance, sa.func.sum(entries.c.amount))
+        .select_from(wallets.outerjoin(entries, entries.c.user_id == wallets.c.user_id))
+        .group_by(wallets.c.user_id, wallets.c.balance)
+        .having(wallets.c.balance != sa.func.coalesce(sa.func.sum(entries.c.amount), 0))
+    )
+    problems.extend(
+        f"wallet {u}: balance {b} != sum of its ledger entries {s}" for u, b, s in mismatched
+    )
+    return problems

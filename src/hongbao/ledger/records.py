@@ -1,0 +1,158 @@
+"""Ledger value types and the row-level helpers shared by the ledger's modules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from hongbao.ledger.schema import packets, wallets
+
+T = TypeVar("T")
+CHUNK = 500  # rows per IN (...) list or executemany slice
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def to_db(moment: datetime) -> datetime:
+    """Databases keep naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def from_db(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class PacketRecord:
+    id: str
+    sender_id: str
+    total_amount: int
+    count: int
+    mode: str
+    greeting: str
+    status: str
+    created_at: datetime
+    expires_at: datetime
+    claimed_count: int = 0
+    claimed_amount: int = 0
+    refunded_amount: int = 0
+    closed_at: datetime | None = None
+    request_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimEvent:
+    packet_id: str
+    share_idx: int
+    user_id: str
+    amount: int
+    claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RefundEvent:
+    packet_id: str
+    sender_id: str
+    amount: int
+    shares_left: int
+    closed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    user_id: str
+    share_idx: int
+    amount: int
+    claimed_at: datetime
+
+
+LedgerEvent = ClaimEvent | RefundEvent
+PACKET_COLUMNS = [
+    packets.c.id,
+    packets.c.sender_id,
+    packets.c.total_amount,
+    packets.c.count,
+    packets.c.mode,
+    packets.c.greeting,
+    packets.c.status,
+    packets.c.created_at,
+    packets.c.expires_at,
+    packets.c.claimed_count,
+    packets.c.claimed_amount,
+    packets.c.refunded_amount,
+    packets.c.closed_at,
+    packets.c.request_hash,
+]
+
+
+def packet_from_row(row: Any) -> PacketRecord:
+    """A PacketRecord from a row selected with PACKET_COLUMNS."""
+    m = row._mapping
+    return PacketRecord(
+        id=m["id"],
+        sender_id=m["sender_id"],
+        total_amount=int(m["total_amount"]),
+        count=int(m["count"]),
+        mode=m["mode"],
+        greeting=m["greeting"],
+        status=m["status"],
+        created_at=from_db(m["created_at"]),
+        expires_at=from_db(m["expires_at"]),
+        claimed_count=int(m["claimed_count"]),
+        claimed_amount=int(m["claimed_amount"]),
+        refunded_amount=int(m["refunded_amount"]),
+        closed_at=from_db(m["closed_at"]) if m["closed_at"] else None,
+        request_hash=m["request_hash"],
+    )
+
+
+def chunks(items: Sequence[T], size: int = CHUNK) -> Iterable[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+async def ensure_wallets(conn: AsyncConnection, users: Iterable[str]) -> None:
+    """Create missing wallets with a zero balance."""
+    wanted = sorted(set(users))
+    have: set[str] = set()
+    for chunk in chunks(wanted):
+        have.update(
+            await conn.scalars(sa.select(wallets.c.user_id).where(wallets.c.user_id.in_(chunk)))
+        )
+    missing = [u for u in wanted if u not in have]
+    if missing:
+        now = utcnow()
+        await conn.execute(
+            wallets.insert(), [{"user_id": u, "balance": 0, "updated_at": now} for u in missing]
+        )
+
+
+async def credit(conn: AsyncConnection, amounts: dict[str, int]) -> None:
+    """Add to balances, in user order so concurrent batches lock rows alike."""
+    now = utcnow()
+    await conn.execute(
+        wallets.update()
+        .where(wallets.c.user_id == sa.bindparam("u"))
+        .values(balance=wallets.c.balance + sa.bindparam("d"), updated_at=now),
+        [{"u": u, "d": d} for u, d in sorted(amounts.items())],
+    )
+
+
+def entry_row(
+    reference: str, user_id: str, kind: str, amount: int, packet_id: str | None = None
+) -> dict[str, Any]:
+    return {
+        "reference": reference,
+        "user_id": user_id,
+        "kind": kind,
+        "amount": amount,
+        "packet_id": packet_id,
+        "created_at": utcnow(),
+    }
