@@ -35,9 +35,10 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
@@ -111,6 +112,10 @@ class DesignBase:
 
     async def stats(self) -> dict[str, Any]:
         return {"unique_violations": self.unique_violations}
+
+
+#: take_share's answer when an optimistic update lost the race for the activity row
+CONFLICT = -1
 
 
 class SqlStore:
@@ -251,6 +256,46 @@ class SqlStore:
             ).one()
         return int(row[0]), int(row[1])
 
+    async def take_share(
+        self,
+        conn: AsyncConnection,
+        shares: list[int],
+        user_id: int,
+        *,
+        lock_row: bool = False,
+        check_version: bool = False,
+    ) -> int | None:
+        """Take share number ``total - surplus_total`` from the activity row, in `conn`'s
+        transaction: None when no share is left, CONFLICT when `check_version` and another
+        grab changed the row first. A double claim raises IntegrityError (UNIQUE detail)."""
+        a, d = self.tables.activity, self.tables.detail
+        query = select(a.c.total, a.c.surplus_total, a.c.version).where(a.c.id == ACTIVITY_ID)
+        row = (await conn.execute(query.with_for_update() if lock_row else query)).one()
+        if row.surplus_total <= 0:
+            return None
+        index = int(row.total - row.surplus_total)
+        amount = shares[index]
+        same_row = [a.c.id == ACTIVITY_ID]
+        if check_version:
+            same_row.append(a.c.version == row.version)
+        updated = await conn.execute(
+            update(a)
+            .where(*same_row)
+            .values(
+                surplus_total=a.c.surplus_total - 1,
+                surplus_amount=a.c.surplus_amount - amount,
+                version=a.c.version + 1,
+            )
+        )
+        if updated.rowcount != 1:
+            return CONFLICT
+        await conn.execute(
+            insert(d).values(
+                activity_id=ACTIVITY_ID, amount=amount, user_id=user_id, redpack_id=index
+            )
+        )
+        return amount
+
     async def redpacks_left(self) -> tuple[int, int]:
         r = self.tables.redpack
         async with self.engine.connect() as conn:
@@ -304,3 +349,18 @@ async def delete_namespace(client: aioredis.Redis, namespace: str) -> None:
             batch.clear()
     if batch:
         await client.unlink(*batch)
+
+
+class SqlDesign(DesignBase):
+    """A design whose claims live in seed 003's tables (`self.store`)."""
+
+    store: SqlStore
+
+    async def verify(self) -> dict[int, list[int]]:
+        return await self.store.claims()
+
+    async def leftover(self) -> tuple[int, int]:
+        return await self.store.activity_left()
+
+    async def teardown(self) -> None:
+        await self.store.close()

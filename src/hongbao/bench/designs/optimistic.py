@@ -9,13 +9,12 @@ grabber is turned away although shares are left; those refusals are counted.
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import ACTIVITY_ID, DesignBase, SqlStore
+from hongbao.bench.designs._common import CONFLICT, SqlDesign, SqlStore
 
 
-class OptimisticDesign(DesignBase):
+class OptimisticDesign(SqlDesign):
     name = "optimistic"
 
     def __init__(
@@ -38,54 +37,18 @@ class OptimisticDesign(DesignBase):
         await self.store.insert_activity(self._shares)
 
     async def grab(self, user_id: int) -> int | None:
-        a, d = self.store.tables.activity, self.store.tables.detail
         for attempt in range(1 + self.max_retries):
             if attempt:
                 self.retries_or_conflicts += 1
             try:
                 async with self.store.engine.begin() as conn:
-                    row = (
-                        await conn.execute(
-                            select(a.c.total, a.c.surplus_total, a.c.version).where(
-                                a.c.id == ACTIVITY_ID
-                            )
-                        )
-                    ).one()
-                    if row.surplus_total <= 0:
-                        return None
-                    index = int(row.total - row.surplus_total)
-                    amount = self._shares[index]
-                    updated = await conn.execute(
-                        update(a)
-                        .where(a.c.id == ACTIVITY_ID, a.c.version == row.version)
-                        .values(
-                            surplus_total=a.c.surplus_total - 1,
-                            surplus_amount=a.c.surplus_amount - amount,
-                            version=a.c.version + 1,
-                        )
+                    amount = await self.store.take_share(
+                        conn, self._shares, user_id, check_version=True
                     )
-                    if updated.rowcount != 1:
-                        continue
-                    await conn.execute(
-                        insert(d).values(
-                            activity_id=ACTIVITY_ID,
-                            amount=amount,
-                            user_id=user_id,
-                            redpack_id=index,
-                        )
-                    )
-                    return amount
             except IntegrityError:
                 self.unique_violations += 1
                 return None
+            if amount != CONFLICT:
+                return amount
         self.turned_away += 1
         return None
-
-    async def verify(self) -> dict[int, list[int]]:
-        return await self.store.claims()
-
-    async def leftover(self) -> tuple[int, int]:
-        return await self.store.activity_left()
-
-    async def teardown(self) -> None:
-        await self.store.close()

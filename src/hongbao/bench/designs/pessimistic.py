@@ -12,16 +12,15 @@ a row, so `supported_backends` (the benchmark matrix) leaves SQLite out.
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import ACTIVITY_ID, DesignBase, SqlStore
+from hongbao.bench.designs._common import SqlDesign, SqlStore
 
 #: benchmark matrix: SQLite runs (see above) but is not this design
 SUPPORTED_BACKENDS = frozenset({"postgresql", "mysql"})
 
 
-class PessimisticDesign(DesignBase):
+class PessimisticDesign(SqlDesign):
     name = "pessimistic"
     supported_backends = SUPPORTED_BACKENDS
 
@@ -42,43 +41,9 @@ class PessimisticDesign(DesignBase):
         await self.store.insert_activity(self._shares)
 
     async def grab(self, user_id: int) -> int | None:
-        a, d = self.store.tables.activity, self.store.tables.detail
         try:
             async with self.store.engine.begin() as conn:
-                row = (
-                    await conn.execute(
-                        select(a.c.total, a.c.surplus_total)
-                        .where(a.c.id == ACTIVITY_ID)
-                        .with_for_update()
-                    )
-                ).one()
-                if row.surplus_total <= 0:
-                    return None
-                index = int(row.total - row.surplus_total)
-                amount = self._shares[index]
-                await conn.execute(
-                    update(a)
-                    .where(a.c.id == ACTIVITY_ID)
-                    .values(
-                        surplus_total=a.c.surplus_total - 1,
-                        surplus_amount=a.c.surplus_amount - amount,
-                    )
-                )
-                await conn.execute(
-                    insert(d).values(
-                        activity_id=ACTIVITY_ID, amount=amount, user_id=user_id, redpack_id=index
-                    )
-                )
-                return amount
+                return await self.store.take_share(conn, self._shares, user_id, lock_row=True)
         except IntegrityError:
             self.unique_violations += 1
             return None
-
-    async def verify(self) -> dict[int, list[int]]:
-        return await self.store.claims()
-
-    async def leftover(self) -> tuple[int, int]:
-        return await self.store.activity_left()
-
-    async def teardown(self) -> None:
-        await self.store.close()

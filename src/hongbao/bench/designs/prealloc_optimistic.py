@@ -15,10 +15,10 @@ import random
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import ACTIVITY_ID, AVAILABLE, TAKEN, DesignBase, SqlStore
+from hongbao.bench.designs._common import ACTIVITY_ID, AVAILABLE, TAKEN, SqlDesign, SqlStore
 
 
-class PreallocOptimisticDesign(DesignBase):
+class PreallocOptimisticDesign(SqlDesign):
     name = "prealloc_optimistic"
 
     def __init__(
@@ -80,11 +80,5 @@ class PreallocOptimisticDesign(DesignBase):
         self.turned_away += 1
         return None
 
-    async def verify(self) -> dict[int, list[int]]:
-        return await self.store.claims()
-
     async def leftover(self) -> tuple[int, int]:
         return await self.store.redpacks_left()
-
-    async def teardown(self) -> None:
-        await self.store.close()

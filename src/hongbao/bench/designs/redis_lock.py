@@ -17,13 +17,12 @@ import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
-from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from hongbao.bench.designs._common import (
     ACTIVITY_ID,
     DEFAULT_REDIS_URL,
-    DesignBase,
+    SqlDesign,
     SqlStore,
     delete_namespace,
     new_namespace,
@@ -39,7 +38,7 @@ return 0
 """
 
 
-class RedisLockDesign(DesignBase):
+class RedisLockDesign(SqlDesign):
     name = "redis_lock"
 
     def __init__(
@@ -121,41 +120,12 @@ class RedisLockDesign(DesignBase):
             delay = min(delay * 2, self.backoff[1])
 
     async def _take(self, user_id: int) -> int | None:
-        a, d = self.store.tables.activity, self.store.tables.detail
         try:
             async with self.store.engine.begin() as conn:
-                row = (
-                    await conn.execute(
-                        select(a.c.total, a.c.surplus_total).where(a.c.id == ACTIVITY_ID)
-                    )
-                ).one()
-                if row.surplus_total <= 0:
-                    return None
-                index = int(row.total - row.surplus_total)
-                amount = self._shares[index]
-                await conn.execute(
-                    update(a)
-                    .where(a.c.id == ACTIVITY_ID)
-                    .values(
-                        surplus_total=a.c.surplus_total - 1,
-                        surplus_amount=a.c.surplus_amount - amount,
-                    )
-                )
-                await conn.execute(
-                    insert(d).values(
-                        activity_id=ACTIVITY_ID, amount=amount, user_id=user_id, redpack_id=index
-                    )
-                )
-                return amount
+                return await self.store.take_share(conn, self._shares, user_id)
         except IntegrityError:
             self.unique_violations += 1
             return None
-
-    async def verify(self) -> dict[int, list[int]]:
-        return await self.store.claims()
-
-    async def leftover(self) -> tuple[int, int]:
-        return await self.store.activity_left()
 
     async def stats(self) -> dict[str, Any]:
         local = self._local is not None
@@ -163,7 +133,7 @@ class RedisLockDesign(DesignBase):
 
     async def teardown(self) -> None:
         try:
-            await self.store.close()
+            await super().teardown()
         finally:
             if self._redis is not None:
                 await delete_namespace(self._redis, self._ns)
