@@ -24,18 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hongbao.domain.ids import USER_ID_PATTERN as USER_ID_PATTERN
+from hongbao.domain.ids import valid_user_id as valid_user_id
 from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
-USER_ID_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
 TOKEN_VERSION = "v1"
 DEFAULT_TTL = 86_400
 MIN_SECRET_BYTES = 16
 MAX_TOKEN_LENGTH = 512
 SECRET_FILE = "secret"
 
-_USER_ID = re.compile(USER_ID_PATTERN)
 _B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
 _PREFIX = TOKEN_VERSION + "."
 
@@ -57,11 +57,6 @@ class Principal:
     user_id: str
     admin: bool
     expires_at: int
-
-
-def valid_user_id(s: str) -> bool:
-    """True if `s` matches `USER_ID_PATTERN` (1-64 of ``A-Za-z0-9_.:@-``)."""
-    return _USER_ID.fullmatch(s) is not None
 
 
 def issue_token(

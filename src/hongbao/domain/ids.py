@@ -8,8 +8,10 @@ import time
 
 from hongbao.errors import InvalidRequest
 
-USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+#: user ids: 1-64 of A-Za-z0-9_.:@- (also the JSON Schema pattern in /openapi.json)
+USER_ID_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
 PACKET_ID_PATTERN = re.compile(r"^[0-9a-hjkmnp-tv-z]{26}$")
+_USER_ID = re.compile(USER_ID_PATTERN)
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
 
 
@@ -21,11 +23,11 @@ def new_packet_id(now_ms: int | None = None) -> str:
 
 
 def valid_user_id(user_id: object) -> bool:
-    return isinstance(user_id, str) and USER_ID_PATTERN.match(user_id) is not None
+    return isinstance(user_id, str) and _USER_ID.fullmatch(user_id) is not None
 
 
 def valid_packet_id(packet_id: object) -> bool:
-    return isinstance(packet_id, str) and PACKET_ID_PATTERN.match(packet_id) is not None
+    return isinstance(packet_id, str) and PACKET_ID_PATTERN.fullmatch(packet_id) is not None
 
 
 def require_user_id(user_id: object, field: str = "user_id") -> str:
