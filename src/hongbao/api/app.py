@@ -29,23 +29,29 @@ def create_app(
     """The HTTP API over a service built from `settings` when the app starts.
 
     `run_workers` also runs the persister and expiry sweeper in this process (one
-    process of a deployment should, or a separate `hongbao worker`). `demo_mode`
-    adds a plain-text hint page at ``/``.
+    process of a deployment should, or a separate `hongbao worker`). The web app
+    (`hongbao.web`) is served at ``/``; `demo_mode` (the embedded default) adds its
+    demo sign-in endpoint ``POST /demo/token``.
     """
+    from hongbao.web.routes import WebApp  # here: hongbao.web imports from hongbao.api
+
     api = Api(settings, secret, Metrics())
+    web = WebApp(api, demo_mode=demo_mode)
     api.openapi = json.dumps(build_openapi(settings), ensure_ascii=False).encode()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with running_service(settings, workers=run_workers) as runtime:
             api.runtime = runtime
+            web.start()
             try:
                 yield
             finally:
+                await web.aclose()
                 api.runtime = None
 
     app = Starlette(
-        routes=api.routes(demo_mode=demo_mode),
+        routes=[*web.routes(), *api.routes()],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
