@@ -1,4 +1,4 @@
-"""Real Redis server processes for tests: a standalone node and a Redis Cluster.
+"""Real Redis server processes for tests: a standalone node, a Redis Cluster, Sentinel.
 
 Plain library (no pytest fixtures). Every server binds 127.0.0.1 only, runs in a
 directory supplied by the caller and is torn down by ``stop()``, by the context
@@ -55,6 +55,8 @@ __all__ = [
     "ClusterNodeInfo",
     "RedisCluster",
     "RedisNode",
+    "RedisSentinel",
+    "SentinelNode",
     "ServerStartError",
     "cluster_client",
     "find_cli_binary",
@@ -285,7 +287,34 @@ class _StartArgs:
     extra_args: tuple[str, ...]
 
 
-class RedisNode:
+class _StopsOnExit:
+    """`with` support for anything with a stop() method."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _shutdown_all(nodes: Sequence[RedisNode]) -> None:
+    """Ask every node to shut down first, then wait for each (faster than one by one)."""
+    for node in nodes:
+        with contextlib.suppress(Exception):
+            node._request_shutdown()
+    for node in nodes:
+        node._wait_exit(10.0)
+
+
+class RedisNode(_StopsOnExit):
     """One ``redis-server`` process on 127.0.0.1:<port>, data and log in ``dir``."""
 
     def __init__(self, binary: Path | None = None) -> None:
@@ -450,17 +479,6 @@ class RedisNode:
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_path, lines)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else "stopped"
         return f"<RedisNode {HOST}:{self.port} {state}>"
@@ -619,7 +637,7 @@ def _parse_info(text: str) -> dict[str, str]:
     return out
 
 
-class RedisCluster:
+class RedisCluster(_StopsOnExit):
     """A real Redis Cluster on 127.0.0.1: ``n_primaries`` primaries x ``replicas`` each."""
 
     def __init__(self, binary: Path | None = None, cli: Path | None = None) -> None:
@@ -901,22 +919,7 @@ class RedisCluster:
 
     def stop(self) -> None:
         """Stop every node (SHUTDOWN NOSAVE NOW in parallel, then SIGKILL stragglers)."""
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
-                node._request_shutdown()
-        for node in self.nodes:
-            node._wait_exit(10.0)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        _shutdown_all(self.nodes)
 
     def __repr__(self) -> str:
         return f"<RedisCluster ports={[n.port for n in self.nodes]}>"
@@ -932,3 +935,259 @@ def cluster_client(
     return redis.cluster.RedisCluster(
         startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in startup_nodes], **kwargs
     )
+
+
+# --------------------------------------------------------------------------- sentinel
+
+
+class SentinelNode(RedisNode):
+    """One ``redis-server <conf> --sentinel`` process; the config file lives in its dir.
+
+    Sentinel rewrites its config file as it learns the topology, so a ``restart()``
+    keeps what it knew.
+    """
+
+    def __init__(
+        self,
+        binary: Path | None = None,
+        *,
+        service: str,
+        primary_port: int,
+        quorum: int,
+        down_after_ms: int,
+        failover_timeout_ms: int,
+    ) -> None:
+        super().__init__(binary)
+        self.service = service
+        self._monitor = (primary_port, quorum, down_after_ms, failover_timeout_ms)
+
+    @property
+    def conf_path(self) -> Path:
+        assert self.dir is not None
+        return self.dir / "sentinel.conf"
+
+    def _command_line(self) -> list[str]:
+        assert self.port is not None and self.dir is not None
+        if not self.conf_path.exists():
+            port, quorum, down_after, failover_timeout = self._monitor
+            self.conf_path.write_text(
+                f"sentinel monitor {self.service} {HOST} {port} {quorum}\n"
+                f"sentinel down-after-milliseconds {self.service} {down_after}\n"
+                f"sentinel failover-timeout {self.service} {failover_timeout}\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+        return [
+            str(self.binary), str(self.conf_path), "--sentinel",
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--dir", str(self.dir),
+            "--daemonize", "no",
+            "--logfile", "",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self._require_port()}"
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.running else "stopped"
+        return f"<SentinelNode {HOST}:{self.port} {state}>"
+
+
+class RedisSentinel(_StopsOnExit):
+    """A Sentinel-managed primary on 127.0.0.1: 1 primary, ``replicas`` replicas, 3 sentinels.
+
+    Example::
+
+        with RedisSentinel().start(tmp_path / "sentinel") as s:
+            url = s.url  # redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3/mymaster
+            old = s.kill9_primary()
+            new = s.wait_failover(old.port)
+    """
+
+    def __init__(self, binary: Path | None = None) -> None:
+        self.binary = Path(binary).absolute() if binary else find_server_binary()
+        self.service = "mymaster"
+        self.data_nodes: list[RedisNode] = []
+        self.sentinels: list[SentinelNode] = []
+        self.base_dir: Path | None = None
+        self.startup_seconds: float | None = None
+
+    def start(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        service: str = "mymaster",
+        replicas: int = 1,
+        sentinels: int = 3,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        appendonly: bool = False,
+        timeout: float = 30.0,
+    ) -> Self:
+        """Start primary and replicas, then the sentinels; wait until they all agree."""
+        if self.data_nodes:
+            raise RuntimeError("sentinel setup already started")
+        self.base_dir = Path(base_dir)
+        self.service = service
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        try:
+            ports = free_ports(1 + replicas + sentinels)
+            primary_port = ports[0]
+            primary = RedisNode(self.binary).start(
+                primary_port, self.base_dir / f"redis-{primary_port}", appendonly=appendonly
+            )
+            self.data_nodes.append(primary)
+            for port in ports[1 : 1 + replicas]:
+                replica = RedisNode(self.binary).start(
+                    port,
+                    self.base_dir / f"redis-{port}",
+                    appendonly=appendonly,
+                    extra_args=["--replicaof", HOST, str(primary_port)],
+                )
+                self.data_nodes.append(replica)
+            for port in ports[1 + replicas :]:
+                sentinel = SentinelNode(
+                    self.binary,
+                    service=service,
+                    primary_port=primary_port,
+                    quorum=quorum,
+                    down_after_ms=down_after_ms,
+                    failover_timeout_ms=failover_timeout_ms,
+                )
+                self.sentinels.append(sentinel)
+                sentinel_dir = self.base_dir / f"sentinel-{port}"
+                if sentinel_dir.exists():
+                    shutil.rmtree(sentinel_dir)
+                sentinel.start(port, sentinel_dir)
+            self._wait_settled(replicas, sentinels, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_settled(self, replicas: int, sentinels: int, deadline: float) -> None:
+        """Every sentinel sees the primary, its replicas (links up) and the other sentinels."""
+        reason: str | None = "not checked"
+        while time.monotonic() < deadline:
+            reason = self._settle_reason(replicas, sentinels)
+            if reason is None:
+                return
+            time.sleep(0.1)
+        raise ServerStartError(f"sentinel setup not settled: {reason}" + self._log_tails())
+
+    def _settle_reason(self, replicas: int, sentinels: int) -> str | None:
+        try:
+            primary = self.primary()
+            with _admin_client(primary._require_port()) as c:
+                repl = c.info("replication")
+            if int(repl.get("connected_slaves", 0)) != replicas:
+                return f"primary has {repl.get('connected_slaves')} replicas"
+            for s in self.sentinels:
+                with _admin_client(s._require_port()) as c:
+                    master = c.execute_command("SENTINEL", "MASTER", self.service)
+                    if int(master["num-slaves"]) != replicas:
+                        return f"sentinel {s.port} sees {master['num-slaves']} replicas"
+                    if int(master["num-other-sentinels"]) != sentinels - 1:
+                        return f"sentinel {s.port} sees {master['num-other-sentinels']} others"
+                    if "s_down" in master["flags"] or "o_down" in master["flags"]:
+                        return f"sentinel {s.port}: primary flagged {master['flags']}"
+                    for r in c.execute_command("SENTINEL", "REPLICAS", self.service):
+                        if r.get("master-link-status") != "ok" or "s_down" in r["flags"]:
+                            return f"sentinel {s.port}: replica {r['name']} not ok"
+        except (redis.RedisError, OSError, KeyError, RuntimeError) as exc:
+            return repr(exc)
+        return None
+
+    # ---- topology
+
+    def primary_port(self) -> int:
+        """The primary's port according to the first sentinel that answers."""
+        last: BaseException | None = None
+        for s in self.sentinels:
+            if not s.running:
+                continue
+            try:
+                with _admin_client(s._require_port()) as c:
+                    addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                return int(addr[1])
+            except (redis.RedisError, OSError, TypeError) as exc:
+                last = exc
+        raise RuntimeError(f"no sentinel answered (last error: {last!r})")
+
+    def primary(self) -> RedisNode:
+        return self.node_for_port(self.primary_port())
+
+    def replicas(self) -> list[RedisNode]:
+        port = self.primary_port()
+        return [n for n in self.data_nodes if n.port != port and n.running]
+
+    def node_for_port(self, port: int) -> RedisNode:
+        for node in self.data_nodes:
+            if node.port == port:
+                return node
+        raise KeyError(port)
+
+    def kill9_primary(self) -> RedisNode:
+        node = self.primary()
+        node.kill9()
+        return node
+
+    def wait_failover(self, old_port: int, timeout: float = 30.0) -> RedisNode:
+        """Wait until every sentinel names a new, running primary that says it is master."""
+        deadline = time.monotonic() + timeout
+        reason = "not checked"
+        while time.monotonic() < deadline:
+            try:
+                ports = set()
+                for s in self.sentinels:
+                    with _admin_client(s._require_port()) as c:
+                        addr = c.execute_command(
+                            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service
+                        )
+                    ports.add(int(addr[1]))
+                if len(ports) != 1 or old_port in ports:
+                    reason = f"sentinels name {sorted(ports)}"
+                else:
+                    node = self.node_for_port(ports.pop())
+                    with _admin_client(node._require_port()) as c:
+                        role = c.info("replication")["role"]
+                    if role == "master":
+                        return node
+                    reason = f"{node.port} has role {role}"
+            except (redis.RedisError, OSError, TypeError, KeyError) as exc:
+                reason = repr(exc)
+            time.sleep(0.1)
+        raise ServerStartError(f"no failover after {timeout}s: {reason}" + self._log_tails())
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/<service>``."""
+        if not self.sentinels:
+            raise RuntimeError("sentinel setup not started")
+        hosts = ",".join(f"{HOST}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A sync client on the current primary. Caller closes it."""
+        return self.primary().client(**kwargs)
+
+    def _log_tails(self, lines: int = 15) -> str:
+        return "".join(
+            f"\n--- {n!r} log tail ---\n{n.log_tail(lines)}"
+            for n in [*self.data_nodes, *self.sentinels]
+            if n.dir is not None
+        )
+
+    # ---- teardown
+
+    def stop(self) -> None:
+        nodes: list[RedisNode] = [*self.sentinels, *self.data_nodes]
+        _shutdown_all(nodes)
+
+    def __repr__(self) -> str:
+        ports = [n.port for n in self.data_nodes] + [s.port for s in self.sentinels]
+        return f"<RedisSentinel {self.service} ports={ports}>"

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 
 from hongbao.errors import ConfigurationError
@@ -22,6 +22,10 @@ from hongbao.storage.redis_cluster import RedisClusterStore
 #: connection then fails instead of hanging its caller forever
 SOCKET_TIMEOUT = 5.0
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """The Sentinel-managed pool, but a burst waits for a connection instead of failing."""
 
 
 def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
@@ -47,14 +51,20 @@ def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> Re
         )
     if scheme == "redis+cluster":
         nodes = [ClusterNode(h, p) for h, p in _hosts(parts.netloc, 6379)]
+        # MOVED / ASK / TRYAGAIN are followed inside redis-py whatever the retry
+        # policy; connection errors and CLUSTERDOWN (a failover window) surface at
+        # once as StorageError, like on one server: hongbao's callers retry themselves
         cluster = RedisCluster(
             startup_nodes=nodes,
             max_connections=max_connections,
             decode_responses=True,
             password=parts.password,
             username=parts.username,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
         )
-        return RedisClusterStore(cluster, buckets)
+        return RedisClusterStore(cluster, buckets, max_connections=max_connections)
     if scheme == "redis+sentinel":
         path = [p for p in parts.path.split("/") if p]
         if not path:
@@ -63,13 +73,26 @@ def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> Re
         query = parse_qs(parts.query)
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             _hosts(parts.netloc, 26379),
-            sentinel_kwargs={"password": query.get("sentinel_password", [None])[0]},
+            sentinel_kwargs={
+                "password": query.get("sentinel_password", [None])[0],
+                "socket_timeout": SOCKET_TIMEOUT,
+                "socket_connect_timeout": SOCKET_TIMEOUT,
+            },
             decode_responses=True,
             password=parts.password,
             username=parts.username,
             db=db,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
         )
-        return RedisStore(sentinel.master_for(path[0], max_connections=max_connections), buckets)
+        client = sentinel.master_for(
+            path[0],
+            connection_pool_class=_BlockingSentinelPool,
+            max_connections=max_connections,
+            timeout=10,
+        )
+        return RedisStore(client, buckets)
     # a blocking pool makes a burst of grabs queue for a connection instead of failing
     # no silent retries inside redis-py: a retried command can swallow a task's
     # cancellation (seen with blocking XREADGROUP); hongbao's callers retry themselves
