@@ -1,4 +1,4 @@
-"""The `hongbao` command: serve, worker, migrate, token.
+"""The `hongbao` command: serve, worker, migrate, audit, recover, token.
 
 With no Redis URL (no ``--redis-url``, no ``HONGBAO_REDIS_URL``), ``hongbao serve``
 runs everything in one command: an embedded Valkey server and an SQLite ledger
@@ -231,6 +231,16 @@ def serve(
     ] = True,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    ack: Annotated[
+        str | None,
+        typer.Option(
+            "--ack",
+            envvar="HONGBAO_ACK_MODE",
+            help="Answer a grab after: redis (the script), aof (WAITAOF), replica (WAIT) "
+            "or ledger (SQL commit). Default: redis.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP API (with no Redis URL: an embedded server and SQLite under --data-dir)."""
     import uvicorn
@@ -239,6 +249,12 @@ def serve(
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
+    if ack is not None:
+        from hongbao.durability import ACK_MODES
+
+        if ack.lower() not in ACK_MODES:
+            fail(f"--ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
+        os.environ["HONGBAO_ACK_MODE"] = ack.lower()  # read by Settings.from_env (and workers)
     setup_logging(log_level)
     data_dir = data_dir.resolve()
     stop_requested: list[int] = []
@@ -384,6 +400,37 @@ def migrate(
     err.print(f"ledger {_safe(url)} is up to date", style="green")
 
 
+# -- audit, recover ---------------------------------------------------------------------------
+
+
+@app.command()
+def audit(
+    redis_url: RedisUrl = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Check every money invariant; exit 1 naming the packet or wallet on a violation."""
+    from hongbao.audit import main as audit_main
+
+    with friendly_errors():
+        code = audit_main(data_dir, redis_url, database_url, do_recover=False)
+    raise typer.Exit(code)
+
+
+@app.command()
+def recover(
+    redis_url: RedisUrl = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Rebuild Redis state of open packets from the ledger, then audit (safe to repeat)."""
+    from hongbao.audit import main as audit_main
+
+    with friendly_errors():
+        code = audit_main(data_dir, redis_url, database_url, do_recover=True)
+    raise typer.Exit(code)
+
+
 # -- token ------------------------------------------------------------------------------------
 
 
@@ -419,6 +466,8 @@ def token(
         tokens = issue_tokens(secret, users, admin=admin, ttl=ttl)
     sys.stdout.write("\n".join(tokens) + "\n")
     sys.stdout.flush()
+
+
 
 
 def main() -> None:

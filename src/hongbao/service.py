@@ -30,6 +30,7 @@ from hongbao.domain.models import (
 )
 from hongbao.domain.money import require_amount
 from hongbao.domain.splitting import split
+from hongbao.durability import make_durability
 from hongbao.errors import (
     InvalidRequest,
     PacketExhausted,
@@ -75,6 +76,8 @@ class Hongbao:
             if settings.coalesce_max_batch > 1
             else None
         )
+        #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
+        self.durability = make_durability(settings, store, ledger)
 
     @classmethod
     async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:
@@ -83,9 +86,16 @@ class Hongbao:
         if migrate:
             await ledger.migrate()
         await store.ensure_groups()
-        return cls(store, ledger, settings)
+        service = cls(store, ledger, settings)
+        try:
+            await service.durability.check()
+        except BaseException:
+            await service.aclose()
+            raise
+        return service
 
     async def aclose(self) -> None:
+        await self.durability.aclose()
         await self.store.aclose()
         await self.ledger.aclose()
 
@@ -173,6 +183,8 @@ class Hongbao:
             status, claim = await self._grab(keys, user_id)
         if status is GrabStatus.UNKNOWN:
             return await self._grab_from_ledger(packet_id, user_id)
+        if claim is not None:
+            await self.durability.confirm(keys, user_id, claim)
         return self._grab_answer(packet_id, user_id, status, claim)
 
     async def _grab(self, keys: PacketKeys, user_id: str) -> tuple[GrabStatus, ClaimValue | None]:

@@ -40,6 +40,17 @@ class Settings:
     coalesce_max_in_flight: int = 4
     #: sweeper: seconds between scans for expired packets
     sweep_interval: float = 1.0
+    #: when a grab is acknowledged: redis, aof, replica or ledger (see hongbao.durability)
+    ack_mode: str = "redis"
+    #: aof/replica modes: longest WAITAOF/WAIT before a grab answers 503, ms
+    ack_timeout_ms: int = 2_000
+    #: ledger mode: most claims committed by one group-commit transaction
+    ledger_ack_batch: int = 500
+    #: grabs and sends per second allowed per user / per client IP (0: no limit)
+    rate_limit_user: float = 0.0
+    rate_limit_ip: float = 0.0
+    #: requests allowed in a burst above the steady rate
+    rate_limit_burst: int = 20
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -37,6 +37,7 @@ from hongbao.errors import (
     StorageError,
 )
 from hongbao.metrics import CONTENT_TYPE, Metrics
+from hongbao.ratelimit import RateLimited, RateLimiter
 from hongbao.runtime import Runtime
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
@@ -67,6 +68,7 @@ class Api:
         self.metrics = metrics
         self.runtime: Runtime | None = None
         self.openapi: bytes = b"{}"
+        self._limiter: RateLimiter | None = None
 
     @property
     def service(self) -> Hongbao:
@@ -117,6 +119,7 @@ class Api:
 
     async def send(self, request: Request) -> Response:
         caller = self.caller(request)
+        await self.limit(request, "send", caller.user_id)
         key = _idempotency_key(request)
         body = await read_json(request, SendRequest)
         packet = await self.service.send(
@@ -141,6 +144,7 @@ class Api:
         metrics = self.metrics
         try:
             caller = self.caller(request)
+            await self.limit(request, "grab", caller.user_id)
             result = await self.service.grab(request.path_params["packet_id"], caller.user_id)
         except HongbaoError as exc:
             metrics.grabs.labels(_outcome(exc)).inc()
@@ -154,6 +158,23 @@ class Api:
         self.caller(request)
         claims = await self.service.claims(request.path_params["packet_id"])
         return JSONResponse(claims_json(claims))
+
+    async def limit(self, request: Request, action: str, user_id: str) -> None:
+        """429 with Retry-After when the user or the client IP is over its rate."""
+        if self.settings.rate_limit_user <= 0 and self.settings.rate_limit_ip <= 0:
+            return
+        store = self.service.store
+        if self._limiter is None or self._limiter.store is not store:
+            self._limiter = RateLimiter(store, self.settings)
+        ip = request.client.host if request.client else None
+        try:
+            await self._limiter.check(action, user_id, ip)
+        except RateLimited as exc:
+            if action == "grab":
+                self.metrics.grabs.labels("rate_limited").inc()
+            raise ApiError(
+                429, "rate_limited", str(exc), headers={"Retry-After": exc.retry_after_header}
+            ) from None
 
     # -- operations ---------------------------------------------------------------------------
 

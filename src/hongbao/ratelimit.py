@@ -1,0 +1,80 @@
+"""Per-user and per-IP rate limits (token buckets in Redis), for grab and send.
+
+Settings: `rate_limit_user` and `rate_limit_ip` (requests per second, 0 turns a
+limit off) and `rate_limit_burst` (requests allowed at once above the steady
+rate). Each action (``grab``, ``send``) has its own buckets. The buckets live in
+Redis, so every API process of a deployment shares them. The client IP is the
+socket peer (a proxy in front should enforce its own per-IP limits, since
+X-Forwarded-For is not trusted here). If Redis cannot answer, the limiter lets
+the request through: the request then fails or succeeds on its own merits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from redis.commands.core import AsyncScript
+
+from hongbao.errors import HongbaoError, StorageError
+from hongbao.keys import rate_limit_key
+from hongbao.settings import Settings
+from hongbao.storage.redis import RedisStore, read_lua
+
+log = logging.getLogger("hongbao.ratelimit")
+
+
+class RateLimited(HongbaoError):
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @property
+    def retry_after_header(self) -> str:
+        """Whole seconds, at least 1 (Retry-After takes no fractions)."""
+        return str(max(1, math.ceil(self.retry_after)))
+
+
+@dataclass(frozen=True)
+class Limit:
+    scope: str  # "user" or "ip"
+    rate: float
+    burst: int
+
+
+class RateLimiter:
+    def __init__(self, store: RedisStore, settings: Settings) -> None:
+        self.store = store
+        self.limits = [
+            Limit(scope, rate, max(1, settings.rate_limit_burst))
+            for scope, rate in (("user", settings.rate_limit_user), ("ip", settings.rate_limit_ip))
+            if rate > 0
+        ]
+        self._script: AsyncScript = store.client.register_script(read_lua("rate_limit"))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.limits)
+
+    async def check(self, action: str, user_id: str | None, ip: str | None) -> None:
+        """Take one token from each applicable bucket; RateLimited if one is empty."""
+        for limit in self.limits:
+            subject = user_id if limit.scope == "user" else ip
+            if not subject:
+                continue
+            key = rate_limit_key(f"{action}:{limit.scope}", subject)
+            try:
+                allowed, wait_ms = await self.store._run(
+                    self._script, [key], [repr(limit.rate), limit.burst, 1]
+                )
+            except StorageError as exc:
+                log.warning("rate limiter unavailable, not limiting: %s", exc)
+                return
+            if not int(allowed):
+                raise RateLimited(
+                    f"too many {action} requests for this {limit.scope}; retry later",
+                    int(wait_ms) / 1000,
+                )
