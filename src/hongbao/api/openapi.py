@@ -46,6 +46,7 @@ _ERRORS = {
     413: f"body over {MAX_BODY} bytes (`payload_too_large`)",
     415: "body is not JSON (`unsupported_media_type`)",
     422: "a field is invalid (`invalid_request`; `field` names it)",
+    429: "too many grabs or sends from this user or address (`rate_limited`; see Retry-After)",
     503: "Redis or the database is unreachable (`storage_unavailable`)",
 }
 
@@ -103,7 +104,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                 _body("SendRequest"),
                 201,
                 "PacketOut",
-                [401, 404, 409, 413, 415, 422, 503],
+                [401, 404, 409, 413, 415, 422, 429, 503],
             )
         },
         "/v1/packets/{packet_id}": {
@@ -125,7 +126,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                 None,
                 200,
                 "GrabOut",
-                [401, 404, 410, 503],
+                [401, 404, 410, 429, 503],
             )
         },
         "/v1/packets/{packet_id}/claims": {

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hongbao.api.errors import ApiError, domain_problem, forbidden, invalid, problem
@@ -49,16 +49,6 @@ IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 PING_TIMEOUT = 2.0
 
-DEMO_TEXT = """hongbao is running (embedded mode).
-
-  hongbao token --admin admin         # a token for deposits
-  hongbao token alice bob             # tokens for users
-  curl -H "Authorization: Bearer $TOKEN" http://HOST/v1/wallets/alice
-
-API description: /openapi.json
-"""
-
-
 class Api:
     """The endpoints of one app; `runtime` is set by the app's lifespan."""
 
@@ -76,8 +66,8 @@ class Api:
             raise StorageError("the service is not started")
         return self.runtime.service
 
-    def routes(self, *, demo_mode: bool = False) -> list[Route]:
-        routes = [
+    def routes(self) -> list[Route]:
+        return [
             Route("/v1/wallets/{user_id}/deposits", self.deposit, methods=["POST"]),
             Route("/v1/wallets/{user_id}", self.wallet, methods=["GET"]),
             Route("/v1/packets", self.send, methods=["POST"]),
@@ -89,9 +79,6 @@ class Api:
             Route("/metrics", self.metrics_text, methods=["GET"]),
             Route("/openapi.json", self.openapi_json, methods=["GET"]),
         ]
-        if demo_mode:
-            routes.append(Route("/", self.demo, methods=["GET"]))
-        return routes
 
     # -- /v1 ----------------------------------------------------------------------------------
 
@@ -207,9 +194,6 @@ class Api:
 
     async def openapi_json(self, request: Request) -> Response:
         return Response(self.openapi, media_type="application/json")
-
-    async def demo(self, request: Request) -> Response:
-        return PlainTextResponse(DEMO_TEXT.replace("HOST", request.url.netloc))
 
 
 # -- input ------------------------------------------------------------------------------------
