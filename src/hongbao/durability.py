@@ -19,7 +19,8 @@ made on the server before them (they wait for a replication/fsync offset), so on
 call answers all grabs that finished before it was sent: a waiter
 issues one call for everything that is waiting and, while it is in flight,
 collects the next group; concurrent grabs (and coalesced batches) share calls
-(one waiter per process: these modes need a single server or a Sentinel primary).
+(one waiter per process on one server or a Sentinel primary; on Redis Cluster one
+per bucket, asking the primary that holds the bucket).
 To make the offset cover other connections' writes, each call first writes a
 tiny probe key on its own connection (``INCR``) in the same pipeline.
 
@@ -52,6 +53,7 @@ from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent
 from hongbao.settings import Settings
 from hongbao.storage.redis import ClaimValue, RedisStore
+from hongbao.storage.redis_cluster import RedisClusterStore
 
 log = logging.getLogger("hongbao.durability")
 
@@ -100,18 +102,16 @@ class RedisWaitDurability(Durability):
         self.confirmed = 0
 
     async def check(self) -> None:
-        if self.store.cluster:
-            raise ConfigurationError(f"--ack {self.mode} is not supported on Redis Cluster")
         try:
             if self.mode == "aof":
-                await self.store.client.execute_command("WAITAOF", 1, 0, 100)
-            else:
+                await self._probe_and_wait(0, 100)
+            elif not self.store.cluster:  # a cluster's slot owners are primaries by definition
                 info = await self.store.client.info("replication")
                 if info.get("role") != "master":
                     raise ConfigurationError("--ack replica needs the Redis primary")
                 if int(info.get("connected_slaves", 0)) < 1:
                     log.warning("--ack replica: no replica connected yet; grabs will fail")
-        except ResponseError as exc:
+        except (ResponseError, StorageError) as exc:
             text = str(exc)
             if "unknown command" in text.lower():
                 raise ConfigurationError(
@@ -122,8 +122,9 @@ class RedisWaitDurability(Durability):
             raise StorageError(f"redis: {exc}") from exc
 
     async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
-        # one server (no cluster): one waiter covers every bucket's writes
-        bucket = 0
+        # one server: one waiter covers every bucket's writes; on a cluster each
+        # bucket's primary is asked about its own writes
+        bucket = keys.bucket if self.store.cluster else 0
         round_ = self._next.setdefault(bucket, _Round())
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         round_.waiters.append(done)
@@ -153,22 +154,32 @@ class RedisWaitDurability(Durability):
 
     async def _wait(self, bucket: int) -> None:
         self.calls += 1
-        pipe = self.store.client.pipeline(transaction=False)
-        pipe.incr(probe_key(bucket))
-        if self.mode == "aof":
-            pipe.execute_command("WAITAOF", 1, 0, self.timeout_ms)
-        else:
-            pipe.execute_command("WAIT", 1, self.timeout_ms)
-        try:
-            reply: list[Any] = await pipe.execute()
-        except (TimeoutError, RedisError, OSError) as exc:
-            raise StorageError(f"redis: {exc}") from exc
-        answer = reply[1]
+        answer = await self._probe_and_wait(bucket, self.timeout_ms)
         if self.mode == "aof":
             if int(answer[0]) < 1:
                 raise StorageError("redis: the AOF fsync was not confirmed in time")
         elif int(answer) < 1:
             raise StorageError("redis: no replica confirmed the grab in time")
+
+    async def _probe_and_wait(self, bucket: int, timeout_ms: int) -> Any:
+        """Write the bucket's probe key, then WAIT/WAITAOF on that same connection.
+
+        WAIT and WAITAOF count from the calling connection's last write; the probe
+        makes that offset cover every write the server made before it.
+        """
+        wait: tuple[Any, ...] = (
+            ("WAITAOF", 1, 0, timeout_ms) if self.mode == "aof" else ("WAIT", 1, timeout_ms)
+        )
+        if isinstance(self.store, RedisClusterStore):
+            return await self.store.write_then_wait(probe_key(bucket), *wait)
+        pipe = self.store.client.pipeline(transaction=False)
+        pipe.incr(probe_key(bucket))
+        pipe.execute_command(*wait)
+        try:
+            reply: list[Any] = await pipe.execute()
+        except (TimeoutError, RedisError, OSError) as exc:
+            raise StorageError(f"redis: {exc}") from exc
+        return reply[1]
 
 
 class LedgerDurability(Durability):

@@ -7,37 +7,15 @@ import time
 
 import pytest
 
-from hongbao.errors import StorageError
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
-from hongbao.storage.redis_cluster import RedisClusterStore
 from tests.cluster.storming import ACK_MODES, Storm, drain, open_packets, running, verify
 from tests.servers import RedisCluster
 
 pytestmark = [pytest.mark.redis_cluster, pytest.mark.slow, pytest.mark.faults]
 
-try:
-    from hongbao.durability import RedisWaitDurability, probe_key
-except ImportError:  # a checkout without the ack modes
-    CLUSTER_MODES: tuple[str, ...] = ACK_MODES
-else:
-    CLUSTER_MODES = (*ACK_MODES, "replica")
-
-    class ClusterReplicaDurability(RedisWaitDurability):
-        """`--ack replica` on a cluster: INCR probe + WAIT 1 on one connection of the slot's
-        primary (RedisClusterStore.write_then_wait). hongbao.durability refuses `replica` on
-        a cluster for now; this is all it takes (its `_wait` on a cluster, and no refusal).
-        """
-
-        async def check(self) -> None:
-            pass
-
-        async def _wait(self, bucket: int) -> None:
-            self.calls += 1
-            assert isinstance(self.store, RedisClusterStore)
-            acked = await self.store.write_then_wait(probe_key(bucket), "WAIT", 1, self.timeout_ms)
-            if int(acked) < 1:
-                raise StorageError("redis: no replica confirmed the grab in time")
+#: ack modes to fail over in; `replica` waits on the bucket's primary (WAIT 1)
+CLUSTER_MODES: tuple[str, ...] = (*ACK_MODES, "replica")
 
 
 @pytest.mark.timeout(120)
@@ -46,11 +24,7 @@ async def test_primary_killed_during_a_grab_storm(
     fresh_cluster: RedisCluster, fault_service: Hongbao
 ) -> None:
     service = fault_service
-    mode = getattr(service.settings, "ack_mode", "redis")
-    if mode == "replica":
-        service.durability = ClusterReplicaDurability(
-            service.store, "replica", service.settings.ack_timeout_ms
-        )
+    mode = service.settings.ack_mode
     packets = await open_packets(service)
     victim = fresh_cluster.primary_for_key(service.store.keys(packets[0]).meta)
     on_victim = [
