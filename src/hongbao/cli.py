@@ -33,6 +33,7 @@ from hongbao.auth import (
     secret_from_env_or_dir,
     valid_user_id,
 )
+from hongbao.bench.command import bench
 from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
 from hongbao.settings import Settings
 
@@ -468,6 +469,7 @@ def token(
     sys.stdout.flush()
 
 
+app.command("bench")(bench)
 
 
 def main() -> None:

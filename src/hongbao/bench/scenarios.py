@@ -1,0 +1,880 @@
+"""The scenarios of `hongbao bench`: each one runs, audits its own money and returns `Outcome`.
+
+Scenario names (``--scenarios``):
+
+* ``seed-baseline``: seed 002's client (20 sync threads, one EVAL of its script per grab);
+* ``redis-benchmark``: Debian's ``redis-benchmark`` running seed 002's script by EVALSHA on
+  the same server, 50 clients, unpipelined and ``-P 16`` (the server's own ceiling);
+* ``hongbao``: `Hongbao.grab` with coalescing, many concurrent grabbers over hot packets;
+* ``hongbao-nocoalesce``: the same with ``coalesce_max_batch=1`` (one script call per grab);
+* ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), with
+  the hello-world ceiling of the same uvicorn setup measured in the same run;
+* ``designs``: seed 003's six designs (`hongbao.bench.designs`) on PostgreSQL and MariaDB;
+* ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import resource
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import redis
+
+from hongbao.bench.harness import (
+    Design,
+    account,
+    percentile_ms,
+    run_scenario,
+    run_seed_baseline,
+)
+from hongbao.bench.harness import seed002_script as _seed002_script
+from hongbao.bench.results import ScenarioResult
+from hongbao.domain.splitting import SplitLimits
+from hongbao.errors import HongbaoError, PacketExhausted, PacketExpired, PacketNotFound
+from hongbao.service import Hongbao
+from hongbao.settings import Settings
+
+#: groups of scenarios, in the order they run
+SCENARIOS = (
+    "seed-baseline",
+    "redis-benchmark",
+    "hongbao",
+    "hongbao-nocoalesce",
+    "hongbao-http",
+    "designs",
+    "memory",
+)
+#: scenario groups whose failure makes `hongbao bench` exit non-zero (hongbao-nocoalesce is a
+#: comparison with coalescing off, not the shipped configuration: shown failing, not fatal)
+OURS = frozenset({"hongbao", "hongbao-http", "memory"})
+SQL_BACKENDS = ("postgresql", "mysql")
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
+SENDER = "bench-sender"
+MEMORY_SHARES = 10_000
+HTTP_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How big each scenario is."""
+
+    name: str
+    seed_shares: int
+    seed_threads: int
+    rb_requests: int
+    hb_packets: int
+    hb_shares: int  # per packet
+    hb_tasks: int
+    nocoalesce_shares: int  # per packet
+    http_seconds: float
+    http_connections: int
+    design_shares: int
+    design_grabbers: int
+    design_concurrency: int
+    memory_shares: int = MEMORY_SHARES
+
+
+PROFILES: dict[str, Profile] = {
+    "tiny": Profile("tiny", 2_000, 20, 5_000, 4, 1_000, 500, 500, 1.0, 64, 20, 40, 10, 1_000),
+    "quick": Profile("quick", 40_000, 20, 60_000, 8, 10_000, 2_000, 4_000, 3.0, 64, 100, 200, 20),
+    "full": Profile(
+        "full", 200_000, 20, 300_000, 8, 50_000, 2_000, 12_500, 12.0, 64, 1_000, 2_000, 20
+    ),
+}
+
+
+def profile_for(size: str | None, quick: bool) -> Profile:
+    """``tiny`` / ``quick`` / ``full``, or a number: the `hongbao` scenario's grabs."""
+    if size is None:
+        return PROFILES["quick" if quick else "full"]
+    if size in PROFILES:
+        return PROFILES[size]
+    try:
+        grabs = int(size)
+    except ValueError:
+        raise ValueError(f"--size must be tiny, quick, full or a number, not {size!r}") from None
+    if grabs < 100:
+        raise ValueError("--size must be at least 100 grabs")
+    base = PROFILES["quick" if quick else "full"]
+    per = max(1, grabs // base.hb_packets)
+    scale = grabs / (base.hb_packets * base.hb_shares)
+    return replace(
+        base,
+        name=str(grabs),
+        hb_shares=per,
+        seed_shares=max(100, int(base.seed_shares * scale)),
+        rb_requests=max(1_000, int(base.rb_requests * scale)),
+        nocoalesce_shares=max(10, int(base.nocoalesce_shares * scale)),
+    )
+
+
+@dataclass
+class Outcome:
+    """One row of the report."""
+
+    scenario: str
+    group: str
+    #: ok, failed, skipped or error
+    status: str
+    result: ScenarioResult | None = None
+    note: str = ""
+    #: headline figures beyond the ScenarioResult (redis_cpu_pct, grabs_per_call, ...)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ours(self) -> bool:
+        return self.group in OURS
+
+    @property
+    def grabs_per_second(self) -> float | None:
+        if "rps" in self.figures:
+            return float(self.figures["rps"])
+        return self.result.grabs_per_second if self.result is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "group": self.group,
+            "status": self.status,
+            "ours": self.ours,
+            "grabs_per_second": _round(self.grabs_per_second),
+            "note": self.note,
+            "figures": self.figures,
+            "result": self.result.to_dict() if self.result is not None else None,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+@dataclass
+class BenchContext:
+    redis_url: str
+    database_url: str
+    work_dir: Path
+    profile: Profile
+    postgres_url: str | None = DEFAULT_POSTGRES_URL
+    mysql_url: str | None = DEFAULT_MYSQL_URL
+    #: called with a short text while a scenario makes progress
+    say: Callable[[str], None] = lambda _: None
+
+    def admin(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    def settings(self, max_count: int = 0, **overrides: Any) -> Settings:
+        """Service settings on the bench's servers (packets up to `max_count` shares)."""
+        biggest = max(max_count, self.profile.hb_shares, MEMORY_SHARES)
+        return Settings.from_env(
+            {},
+            redis_url=self.redis_url,
+            database_url=self.database_url,
+            split_limits=SplitLimits(max_count=biggest),
+            **overrides,
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def redis_cpu_seconds(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have used (Linux /proc/stat), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU used during a stretch of wall time, in % of one core: Redis (INFO cpu), this
+    Python process, the whole machine, and the rest (other processes: the noise)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.redis0 = redis_cpu_seconds(client)
+        self.python0 = time.process_time()
+        self.machine0 = _machine_busy_seconds()
+        self.wall0 = time.perf_counter()
+
+    def stop(self, wall: float | None = None, ops: int = 0) -> dict[str, float]:
+        """Percentages; with `ops`, also CPU microseconds per operation (these do not
+        depend on how busy the machine was, unlike the rates)."""
+        seconds = wall if wall is not None else time.perf_counter() - self.wall0
+        redis_s = redis_cpu_seconds(self.client) - self.redis0
+        python_s = time.process_time() - self.python0
+        redis_pct, python_pct = redis_s / seconds * 100, python_s / seconds * 100
+        out = {"redis_cpu_pct": round(redis_pct, 1), "python_cpu_pct": round(python_pct, 1)}
+        if ops:
+            out["redis_us_per_grab"] = round(redis_s / ops * 1e6, 2)
+            out["python_us_per_grab"] = round(python_s / ops * 1e6, 2)
+        machine = _machine_busy_seconds()
+        if machine is not None and self.machine0 is not None:
+            machine_pct = (machine - self.machine0) / seconds * 100
+            out["machine_cpu_pct"] = round(machine_pct, 1)
+            out["other_cpu_pct"] = round(max(0.0, machine_pct - redis_pct - python_pct), 1)
+        return out
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its descendants, from /proc (Linux)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        current = todo.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(stat[11]) + int(stat[12])) / tick
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _failed(result: ScenarioResult) -> str:
+    return "ok" if result.ok else "failed"
+
+
+def _problems(result: ScenarioResult) -> str:
+    bits = []
+    if result.over_issue:
+        bits.append(f"over-issue {result.over_issue}")
+    if result.duplicates:
+        bits.append(f"{result.duplicates} double claims")
+    if not result.conserved:
+        bits.append("money not conserved")
+    if result.errors:
+        bits.append(f"{result.errors} errors: {result.extra.get('first_error', '')}")
+    return "; ".join(bits)
+
+
+async def send_packets(
+    service: Hongbao, packets: int, shares: int, rng: random.Random
+) -> dict[str, list[int]]:
+    """Open `packets` lucky packets of `shares` shares; packet id -> share amounts."""
+    out: dict[str, list[int]] = {}
+    for _ in range(packets):
+        total = shares * rng.randint(100, 300)
+        await service.deposit(SENDER, total)
+        packet = await service.send(SENDER, total, shares, "lucky", expires_in=3_600)
+        out[packet.id] = [amount for _, amount in await service.ledger.shares_of(packet.id)]
+    return out
+
+
+async def forget_packets(service: Hongbao, packet_ids: Iterable[str]) -> None:
+    """Delete the bench's packets from Redis (their grab events stay in the bucket streams)."""
+    for packet_id in packet_ids:
+        await service.store.forget_packet(service.store.keys(packet_id))
+
+
+async def audit_packets(
+    service: Hongbao, shares: dict[str, list[int]], user_ids: dict[str, int]
+) -> tuple[dict[int, list[int]], tuple[int, int], list[str]]:
+    """Claims (by int user id) and leftover of the packets, read back from Redis."""
+    claims: dict[int, list[int]] = defaultdict(list)
+    left_count = left_amount = 0
+    problems: list[str] = []
+    for packet_id, amounts in shares.items():
+        keys = service.store.keys(packet_id)
+        live = await service.store.status(keys)
+        if live is None:
+            problems.append(f"packet {packet_id} vanished from Redis")
+            continue
+        left_count += live.shares_left
+        left_amount += live.amount_left
+        found = await service.store.claims(keys)
+        seqs = Counter(c.seq for c in found.values())
+        if any(n > 1 for n in seqs.values()):
+            problems.append(f"packet {packet_id}: a share was handed out twice")
+        for user, claim in found.items():
+            if amounts[claim.seq - 1] != claim.amount:
+                problems.append(f"packet {packet_id}: share {claim.seq} has the wrong amount")
+            claims[user_ids.get(user, -1)].append(claim.amount)
+    return dict(claims), (left_count, left_amount), problems
+
+
+# --------------------------------------------------------------------------- seed 002
+
+
+async def seed_baseline(ctx: BenchContext) -> list[Outcome]:
+    ctx.say(f"{ctx.profile.seed_shares:,} grabs, {ctx.profile.seed_threads} threads")
+    result = await asyncio.to_thread(
+        run_seed_baseline, ctx.redis_url, ctx.profile.seed_shares, ctx.profile.seed_threads
+    )
+    return [Outcome("seed-baseline", "seed-baseline", _failed(result), result, _problems(result))]
+
+
+def _redis_benchmark_run(
+    ctx: BenchContext, requests: int, pipeline: int, clients: int = 50
+) -> Outcome:
+    name = "redis-benchmark" if pipeline == 1 else f"redis-benchmark-P{pipeline}"
+    binary = shutil.which("redis-benchmark") or shutil.which("valkey-benchmark")
+    if binary is None:
+        return Outcome(
+            name, "redis-benchmark", "skipped", note="redis-benchmark not found (redis-tools)"
+        )
+    parts = urlsplit(ctx.redis_url)
+    db = int(parts.path.strip("/") or 0)
+    admin = ctx.admin()
+    prefix = f"hb:bench:rb:{secrets.token_hex(6)}:"
+    keys = [prefix + "hongBaoList", prefix + "hongBaoConsumedList", prefix + "hongBaoConsumedMap"]
+    try:
+        sha = admin.script_load(_seed002_script())
+        pipe = admin.pipeline(transaction=False)
+        for j in range(requests):
+            pipe.lpush(keys[0], json.dumps({"id": j, "money": j}, separators=(",", ":")))
+            if len(pipe) >= 2_000:
+                pipe.execute()
+        pipe.execute()
+        args = [binary, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+        if parts.password:
+            args += ["-a", parts.password]
+        args += ["--dbnum", str(db), "-c", str(clients), "-n", str(requests), "-P", str(pipeline)]
+        args += ["-r", "1000000000", "--csv", "EVALSHA", sha, "4", *keys, "u:__rand_int__"]
+        meter = CpuMeter(admin)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False)
+        cpu = meter.stop()
+        cpu.pop("python_cpu_pct")  # redis-benchmark's own CPU is in other_cpu_pct
+        rows = [line for line in proc.stdout.splitlines() if line.startswith('"EVALSHA')]
+        if proc.returncode != 0 or not rows:
+            return Outcome(
+                name,
+                "redis-benchmark",
+                "error",
+                note=f"redis-benchmark failed: {(proc.stderr or proc.stdout)[-300:]}",
+            )
+        cells = [c.strip('"') for c in rows[-1].split('","')]
+        rps, p50, p99 = float(cells[1]), float(cells[4]), float(cells[6])
+        consumed = admin.lrange(keys[1], 0, -1)
+        left = [int(json.loads(raw)["money"]) for raw in admin.lrange(keys[0], 0, -1)]
+        users = Counter(json.loads(raw)["userId"] for raw in consumed)
+        money = [int(json.loads(raw)["money"]) for raw in consumed]
+        dedupe = int(admin.hlen(keys[2]))
+    finally:
+        admin.delete(*keys)
+        admin.close()
+    total = requests * (requests - 1) // 2
+    conserved = len(money) + len(left) == requests and sum(money) + sum(left) == total
+    duplicates = sum(1 for n in users.values() if n > 1)
+    result = ScenarioResult(
+        name=name,
+        backend="redis",
+        grabs_attempted=requests,
+        granted=len(users),
+        turned_away_while_left=0,
+        duplicates=duplicates,
+        over_issue=max(0, len(money) - requests),
+        retries_or_conflicts=requests - len(money),
+        seconds=requests / rps if rps else 0.0,
+        p50_ms=p50,
+        p99_ms=p99,
+        extra={
+            "clients": clients,
+            "pipeline": pipeline,
+            "claims": len(money),
+            "dedupe_hash_size": dedupe,
+            "command": " ".join(args[args.index("EVALSHA") :]),
+        },
+        conserved=conserved and dedupe == len(users),
+    )
+    figures: dict[str, Any] = {"rps": rps, **cpu}
+    return Outcome(name, "redis-benchmark", _failed(result), result, _problems(result), figures)
+
+
+async def redis_benchmark(ctx: BenchContext) -> list[Outcome]:
+    n = ctx.profile.rb_requests
+    ctx.say(f"{n:,} EVALSHA, 50 clients, unpipelined")
+    plain = await asyncio.to_thread(_redis_benchmark_run, ctx, n, 1)
+    ctx.say(f"{n:,} EVALSHA, 50 clients, -P 16")
+    piped = await asyncio.to_thread(_redis_benchmark_run, ctx, n, 16)
+    return [plain, piped]
+
+
+# --------------------------------------------------------------------------- hongbao
+
+
+async def _hongbao_run(ctx: BenchContext, name: str, coalesce: bool) -> Outcome:
+    p = ctx.profile
+    per_packet = p.hb_shares if coalesce else p.nocoalesce_shares
+    settings = ctx.settings(coalesce_max_batch=64 if coalesce else 1)
+    service = await Hongbao.connect(settings, migrate=True)
+    admin = ctx.admin()
+    try:
+        ctx.say(f"opening {p.hb_packets} packets of {per_packet:,} shares")
+        shares = await send_packets(service, p.hb_packets, per_packet, random.Random(7))
+        packet_ids = list(shares)
+        n = p.hb_packets * per_packet
+        users = [f"u{k}" for k in range(1, n + 1)]
+        user_ids = {u: k for k, u in enumerate(users, start=1)}
+        answers: list[tuple[int, int | None, float]] = []
+        errors: Counter[str] = Counter()
+        failures: list[str] = []
+        clock = time.perf_counter
+        queue = iter(range(n))
+        await asyncio.gather(*(service.store.client.ping() for _ in range(64)))
+        ctx.say(f"{n:,} grabs by {p.hb_tasks:,} tasks")
+
+        async def grabber() -> None:
+            grab, append = service.grab, answers.append
+            for k in queue:
+                started = clock()
+                try:
+                    won: int | None = (await grab(packet_ids[k % len(packet_ids)], users[k])).amount
+                except (PacketExhausted, PacketExpired, PacketNotFound) as exc:
+                    won = None
+                    errors[type(exc).__name__] += 1
+                except HongbaoError as exc:  # StorageError...: a failure, not a refusal
+                    won = None
+                    errors[type(exc).__name__] += 1
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                append((k + 1, won, clock() - started))
+
+        meter, t0 = CpuMeter(admin), clock()
+        await asyncio.gather(*(grabber() for _ in range(p.hb_tasks)))
+        seconds = clock() - t0
+        cpu = meter.stop(seconds, ops=n)
+        claims, leftover, problems = await audit_packets(service, shares, user_ids)
+        await forget_packets(service, shares)
+        coalescer = service.coalescer
+        figures: dict[str, Any] = {**cpu, "tasks": p.hb_tasks}
+        if coalescer is not None and coalescer.calls:
+            figures["grabs_per_call"] = round(coalescer.grabs / coalescer.calls, 1)
+        result = account(
+            name=name,
+            backend="redis",
+            shares=[a for amounts in shares.values() for a in amounts],
+            answers=answers,
+            seconds=seconds,
+            claims=claims,
+            leftover=leftover,
+            extra={**figures, "packets": p.hb_packets, "refusals": dict(errors)},
+            errors=len(failures),
+            first_error=failures[0] if failures else None,
+        )
+    finally:
+        admin.close()
+        await service.aclose()
+    status = _failed(result) if not problems else "failed"
+    note = "; ".join([*problems, _problems(result)]).strip("; ")
+    return Outcome(name, name, status, result, note, figures)
+
+
+async def hongbao(ctx: BenchContext) -> list[Outcome]:
+    return [await _hongbao_run(ctx, "hongbao", coalesce=True)]
+
+
+async def hongbao_nocoalesce(ctx: BenchContext) -> list[Outcome]:
+    return [await _hongbao_run(ctx, "hongbao-nocoalesce", coalesce=False)]
+
+
+# --------------------------------------------------------------------------- HTTP
+
+WRK_SCRIPT = r"""
+-- hongbao bench: POST grab, one user (bearer token) per request, read from a file
+-- of "packet_id token" lines; args: file, first line, lines (this run's slice)
+local lines, n, i = {}, 0, 0
+local counter = 0
+local threads = {}
+
+function setup(thread)
+  thread:set("tid", counter)
+  counter = counter + 1
+  table.insert(threads, thread)
+end
+
+function init(args)
+  local first, count = tonumber(args[2]), tonumber(args[3])
+  local k = 0
+  for line in io.lines(args[1]) do
+    k = k + 1
+    if k > first and k <= first + count then
+      local sp = line:find(" ", 1, true)
+      n = n + 1
+      lines[n] = wrk.format("POST", "/v1/packets/" .. line:sub(1, sp - 1) .. "/grab",
+        {["Authorization"] = "Bearer " .. line:sub(sp + 1), ["Content-Length"] = "0"})
+    end
+  end
+  i = tid or 0
+end
+
+function request()
+  i = i + 1
+  if i > n then i = 1 end
+  return lines[i]
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%d,"duration_us":%d,"status_errors":%d,"connect":%d,' ..
+    '"read":%d,"write":%d,"timeout":%d,"p50_us":%d,"p99_us":%d,"mean_us":%.1f}\n',
+    summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
+    latency:percentile(50), latency:percentile(99), latency.mean))
+end
+"""
+
+
+def _wait_http(
+    port: int,
+    proc: subprocess.Popen[bytes],
+    path: str,
+    log: Path,
+    workers: int,
+    timeout: float = 90,
+) -> None:
+    """Wait until every worker has started (uvicorn logs one line each) and `path` answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-500:]
+            raise RuntimeError(f"the server exited with {proc.returncode}: {tail}")
+        started = log.read_text(errors="replace").count("Application startup complete")
+        if started >= workers:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the server on port {port} was not up within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def _server(args: list[str], env: dict[str, str], port: int, path: str, log: Path) -> Any:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_http(port, proc, path, log, HTTP_WORKERS)
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _wrk(
+    port: int, script: Path, lines: Path, first: int, count: int, seconds: float, connections: int
+) -> dict[str, Any]:
+    args = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{port}",
+        "--",
+        str(lines),
+        str(first),
+        str(count),
+    ]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith("WRKJSON "):
+            data: dict[str, Any] = json.loads(line[len("WRKJSON ") :])
+            data["rps"] = data["requests"] / (data["duration_us"] / 1e6)
+            return data
+    raise RuntimeError(f"wrk failed: {(proc.stderr or proc.stdout)[-300:]}")
+
+
+def _http_result(name: str, data: dict[str, Any], connections: int) -> ScenarioResult:
+    return ScenarioResult(
+        name=name,
+        backend="http",
+        grabs_attempted=int(data["requests"]),
+        granted=0,
+        turned_away_while_left=0,
+        duplicates=0,
+        over_issue=0,
+        retries_or_conflicts=0,
+        seconds=data["duration_us"] / 1e6,
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        extra={"connections": connections, "wrk": data},
+    )
+
+
+async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
+    if shutil.which("wrk") is None:
+        note = "wrk not found (apt-get install -y wrk)"
+        return [
+            Outcome("hello-world", "hongbao-http", "skipped", note=note),
+            Outcome("hongbao-http", "hongbao-http", "skipped", note=note),
+        ]
+    p = ctx.profile
+    work = ctx.work_dir / f"http-{secrets.token_hex(4)}"
+    work.mkdir(parents=True)
+    secret = secrets.token_hex(32)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
+    env.update(HONGBAO_SECRET=secret, PYTHONUNBUFFERED="1")
+    # enough distinct users (and shares) for the measured run at a generous 40k req/s
+    users_needed = int(max(2_000, 40_000 * p.http_seconds))
+    warm_users = 2_000
+    packets = 8
+    per_packet = -(-(users_needed + warm_users) // packets)
+    settings = ctx.settings(max_count=per_packet)
+    service = await Hongbao.connect(settings, migrate=True)
+    try:
+        ctx.say(f"opening {packets} packets of {per_packet:,} shares")
+        shares = await send_packets(service, packets, per_packet, random.Random(11))
+        packet_ids = list(shares)
+        users = [f"h{k}" for k in range(1, packets * per_packet + 1)]
+        ctx.say(f"{len(users):,} tokens")
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "hongbao.cli", "token", "-", "--ttl", "3600"],
+            input="\n".join(users),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        tokens = proc.stdout.split()
+        if len(tokens) != len(users):
+            raise RuntimeError("hongbao token did not print one token per user")
+        lines = work / "users.txt"
+        lines.write_text(
+            "".join(f"{packet_ids[k % packets]} {t}\n" for k, t in enumerate(tokens)),
+            encoding="ascii",
+        )
+        script = work / "grab.lua"
+        script.write_text(WRK_SCRIPT, encoding="ascii")
+        conns, secs = p.http_connections, p.http_seconds
+        uvicorn_opts = ["--workers", str(HTTP_WORKERS), "--log-level", "info"]
+
+        # the ceiling: hello world on the same uvicorn setup (2 workers, same options)
+        port = _free_port()
+        hello_args = [sys.executable, "-m", "uvicorn", "hongbao.bench.hello:app"]
+        hello_args += ["--host", "127.0.0.1", "--port", str(port), *uvicorn_opts]
+        hello_args += ["--no-access-log", "--no-server-header"]
+        ctx.say("hello-world: starting 2 workers")
+        with _server(hello_args, env, port, "/healthz", work / "hello.log") as server:
+            ctx.say(f"hello-world: wrk {conns} connections, {secs:.0f}s")
+            await asyncio.to_thread(_wrk, port, script, lines, 0, warm_users, 1, conns)
+            meter = CpuMeter(ctx.admin())
+            served0 = _tree_cpu_seconds(server.pid)
+            hello = await asyncio.to_thread(
+                _wrk, port, script, lines, warm_users, users_needed, secs, conns
+            )
+            hello_cpu = meter.stop()
+            hello_cpu["server_cpu_pct"] = round(
+                (_tree_cpu_seconds(server.pid) - served0) / (hello["duration_us"] / 1e6) * 100, 1
+            )
+            hello_cpu["server_us_per_request"] = round(
+                (_tree_cpu_seconds(server.pid) - served0) / max(1, hello["requests"]) * 1e6, 1
+            )
+            hello_cpu["other_cpu_pct"] = round(
+                max(0.0, hello_cpu["other_cpu_pct"] - hello_cpu["server_cpu_pct"]), 1
+            )
+            meter.client.close()
+            for key in ("python_cpu_pct", "redis_cpu_pct"):
+                hello_cpu.pop(key)
+
+        port = _free_port()
+        serve_args = [sys.executable, "-m", "hongbao.cli", "serve", "--port", str(port)]
+        serve_args += ["--redis-url", ctx.redis_url, "--database-url", ctx.database_url]
+        serve_args += ["--data-dir", str(work / "data"), "--no-persister", *uvicorn_opts]
+        ctx.say("hongbao serve --workers 2: starting")
+        with _server(serve_args, env, port, "/healthz", work / "serve.log") as server:
+            ctx.say(f"hongbao-http: wrk {conns} connections, {secs:.0f}s")
+            await asyncio.to_thread(_wrk, port, script, lines, 0, warm_users, 1, conns)
+            admin = ctx.admin()
+            meter = CpuMeter(admin)
+            served0 = _tree_cpu_seconds(server.pid)
+            grab = await asyncio.to_thread(
+                _wrk, port, script, lines, warm_users, users_needed, secs, conns
+            )
+            cpu = meter.stop()
+            served = _tree_cpu_seconds(server.pid) - served0
+            cpu["server_cpu_pct"] = round(served / (grab["duration_us"] / 1e6) * 100, 1)
+            cpu["server_us_per_request"] = round(served / max(1, grab["requests"]) * 1e6, 1)
+            cpu["other_cpu_pct"] = round(max(0.0, cpu["other_cpu_pct"] - cpu["server_cpu_pct"]), 1)
+            cpu.pop("python_cpu_pct")  # the workers and wrk are in other_cpu_pct
+            admin.close()
+        claims, leftover, problems = await audit_packets(
+            service, shares, {u: k for k, u in enumerate(users, start=1)}
+        )
+        await forget_packets(service, shares)
+    finally:
+        await service.aclose()
+    hello_result = _http_result("hello-world", hello, conns)
+    hello_ok = hello["status_errors"] == 0 and hello["requests"] > 0
+    out = [
+        Outcome(
+            "hello-world",
+            "hongbao-http",
+            "ok" if hello_ok else "failed",
+            hello_result,
+            "" if hello_ok else f"{hello['status_errors']} non-2xx answers",
+            {"rps": round(hello["rps"], 1), **hello_cpu},
+        )
+    ]
+    result = _http_result("hongbao-http", grab, conns)
+    n_claims = sum(len(v) for v in claims.values())
+    all_shares = [a for amounts in shares.values() for a in amounts]
+    result.granted = len(claims)
+    result.duplicates = sum(1 for v in claims.values() if len(v) > 1)
+    result.over_issue = max(0, n_claims - len(all_shares))
+    result.conserved = (
+        n_claims + leftover[0] == len(all_shares)
+        and sum(a for v in claims.values() for a in v) + leftover[1] == sum(all_shares)
+        and not problems
+    )
+    if grab["status_errors"]:
+        problems.append(f"{grab['status_errors']} non-2xx answers")
+    if grab["requests"] + warm_users > len(users):
+        problems.append("more requests than users: some were repeats")
+    result.extra.update(claims=n_claims, shares=len(all_shares))
+    figures: dict[str, Any] = {
+        "rps": round(grab["rps"], 1),
+        **cpu,
+        "of_hello_world_pct": round(100 * grab["rps"] / hello["rps"], 1) if hello["rps"] else 0,
+    }
+    ok = result.ok and grab["status_errors"] == 0
+    note = "; ".join([*problems, _problems(result)]).strip("; ")
+    out.append(
+        Outcome("hongbao-http", "hongbao-http", "ok" if ok else "failed", result, note, figures)
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- seed 003
+
+
+def async_sql_url(url: str) -> str:
+    """Plain postgresql:// and mysql:// URLs with the async drivers the designs need."""
+    scheme, sep, rest = url.partition("://")
+    if scheme in ("postgresql", "postgres"):
+        return f"postgresql+asyncpg{sep}{rest}"
+    if scheme in ("mysql", "mariadb"):
+        return f"mysql+aiomysql{sep}{rest}"
+    return url
+
+
+def _reachable(url: str, default_port: int) -> str | None:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or default_port), 2
+        ):
+            return None
+    except OSError as exc:
+        return str(exc)
+
+
+async def designs(ctx: BenchContext) -> list[Outcome]:
+    from hongbao.bench.designs import DESIGNS, make_design
+
+    p = ctx.profile
+    rng = random.Random(3)
+    share_list = [rng.randint(1, 2_000) for _ in range(p.design_shares)]
+    servers = {"postgresql": (ctx.postgres_url, 5432), "mysql": (ctx.mysql_url, 3306)}
+    out: list[Outcome] = []
+    for name, cls in DESIGNS.items():
+        backends = sorted(cls.supported_backends & {"redis", *SQL_BACKENDS})
+        for backend in backends:
+            label = f"{name}@{'mariadb' if backend == 'mysql' else backend}"
+            database_url: str | None = None
+            if backend != "redis":
+                url, port = servers[backend]
+                if not url:
+                    out.append(Outcome(label, "designs", "skipped", note=f"no {backend} URL"))
+                    continue
+                down = _reachable(url, port)
+                if down is not None:
+                    out.append(Outcome(label, "designs", "skipped", note=f"unreachable: {down}"))
+                    continue
+                database_url = async_sql_url(url)
+            ctx.say(f"{label}: {p.design_grabbers} users x2 clicks, {p.design_shares} shares")
+            try:
+                # every design follows harness.Design (DesignBase only holds the counters)
+                design = cast(Design, make_design(name, database_url, ctx.redis_url))
+                result = await run_scenario(
+                    design,
+                    share_list,
+                    p.design_grabbers,
+                    p.design_concurrency,
+                    clicks_per_user=2,
+                    click_gap_ms=5.0,
+                    name=label,
+                )
+            except Exception as exc:
+                out.append(
+                    Outcome(label, "designs", "error", note=f"{type(exc).__name__}: {exc}"[:300])
+                )
+                continue
+            out.append(Outcome(label, "designs", _failed(result), result, _problems(result)))
+    return out
+
+
+async def memory(ctx: BenchContext) -> list[Outcome]:
+    from hongbao.bench.memory import memory_scenario
+
+    return await memory_scenario(ctx)
+
+
+RUNNERS: dict[str, Callable[[BenchContext], Awaitable[list[Outcome]]]] = {
+    "seed-baseline": seed_baseline,
+    "redis-benchmark": redis_benchmark,
+    "hongbao": hongbao,
+    "hongbao-nocoalesce": hongbao_nocoalesce,
+    "hongbao-http": hongbao_http,
+    "designs": designs,
+    "memory": memory,
+}
+
+__all__ = [
+    "OURS",
+    "PROFILES",
+    "RUNNERS",
+    "SCENARIOS",
+    "BenchContext",
+    "Outcome",
+    "Profile",
+    "async_sql_url",
+    "peak_rss_mb",
+    "percentile_ms",
+    "profile_for",
+]

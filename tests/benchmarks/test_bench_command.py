@@ -1,0 +1,59 @@
+"""`hongbao bench --quick --size tiny` runs every scenario end to end and writes its JSON.
+
+It starts its own embedded server in a temporary folder (no shared Redis is touched); the
+seed designs use HONGBAO_TEST_POSTGRES_URL / HONGBAO_TEST_MYSQL_URL as admin connections
+(private databases) and are reported as skipped when those servers are not reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hongbao.bench.scenarios import SCENARIOS
+from hongbao.cli import app
+
+POSTGRES_URL = os.environ.get(
+    "HONGBAO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+MYSQL_URL = os.environ.get("HONGBAO_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+
+@pytest.mark.timeout(120)
+def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    plot = tmp_path / "bench.png"
+    markdown = tmp_path / "bench.md"
+    args = ["bench", "--quick", "--size", "tiny", "--json", str(out), "--plot", str(plot)]
+    args += ["--markdown", str(markdown), "--postgres-url", POSTGRES_URL, "--mysql-url", MYSQL_URL]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    groups = {row["group"] for row in data["scenarios"]}
+    assert groups == set(SCENARIOS)
+    names = {row["scenario"] for row in data["scenarios"]}
+    for name in (
+        "seed-baseline",
+        "redis-benchmark",
+        "redis-benchmark-P16",
+        "hongbao",
+        "hongbao-nocoalesce",
+        "hongbao-http",
+        "hello-world",
+        "memory",
+    ):
+        assert name in names
+    ours = [row for row in data["scenarios"] if row["ours"]]
+    assert all(row["status"] in ("ok", "skipped") for row in ours), ours
+    hongbao = next(row for row in data["scenarios"] if row["scenario"] == "hongbao")
+    assert hongbao["status"] == "ok"
+    assert hongbao["result"]["duplicates"] == 0 and hongbao["result"]["over_issue"] == 0
+    assert hongbao["grabs_per_second"] > 0
+    assert "redis_cpu_pct" in hongbao["figures"]
+    assert {t["name"] for t in data["targets"]} >= {"hongbao / seed-baseline"}
+    assert plot.stat().st_size > 0
+    assert "| scenario |" in markdown.read_text()
