@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -20,6 +21,16 @@ from hongbao.keys import PERSISTER_GROUP, PacketKeys, dead_letter_key, events_ke
 SHARE_PACK = 1 << 32  # a share travels as index * 2^32 + amount
 
 RedisClient = aioredis.Redis | RedisCluster
+
+
+#: GrabStatus by script return code, without an Enum call per grab
+_STATUSES = tuple(GrabStatus)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _packet_keys(packet_id: str, buckets: int) -> PacketKeys:
+    """Hot packets are grabbed thousands of times; their key names are built once."""
+    return PacketKeys.of(packet_id, buckets)
 
 
 def read_lua(name: str) -> str:
@@ -93,7 +104,7 @@ class RedisStore:
         return self.client.register_script(read_lua(name))
 
     def keys(self, packet_id: str) -> PacketKeys:
-        return PacketKeys.of(packet_id, self.buckets)
+        return _packet_keys(packet_id, self.buckets)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -147,7 +158,7 @@ class RedisStore:
             args.extend((position + 1, user))
         flat = await self._run(self.lua_grab_batch, keys, args)
         return [
-            (GrabStatus(flat[i]), ClaimValue.parse(flat[i + 1]) if flat[i + 1] else None)
+            (_STATUSES[flat[i]], ClaimValue.parse(flat[i + 1]) if flat[i + 1] else None)
             for i in range(0, len(flat), 2)
         ]
 
