@@ -16,6 +16,7 @@ from hongbao.ledger.records import (
     LedgerEvent,
     PacketRecord,
     RefundEvent,
+    among,
     chunks,
     credit,
     ensure_wallets,
@@ -60,7 +61,7 @@ class ApplyBatch:
         for chunk in chunks(ids):
             query = (
                 sa.select(*PACKET_COLUMNS)
-                .where(packets.c.id.in_(chunk))
+                .where(among(self.conn, packets.c.id, chunk))
                 .order_by(packets.c.id)
                 .with_for_update()
             )
@@ -84,7 +85,7 @@ class ApplyBatch:
         for chunk in chunks(idxs):
             rows = await self.conn.execute(
                 sa.select(shares.c.idx, shares.c.amount).where(
-                    shares.c.packet_id == packet_id, shares.c.idx.in_(chunk)
+                    shares.c.packet_id == packet_id, among(self.conn, shares.c.idx, chunk)
                 )
             )
             amounts.update((int(i), int(a)) for i, a in rows)
@@ -96,7 +97,7 @@ class ApplyBatch:
             for chunk in chunks(values):
                 rows = await self.conn.execute(
                     sa.select(claims.c.share_idx, claims.c.user_id).where(
-                        claims.c.packet_id == packet_id, column.in_(chunk)
+                        claims.c.packet_id == packet_id, among(self.conn, column, chunk)
                     )
                 )
                 for i, u in rows:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger.schema import packets, wallets
@@ -113,6 +114,15 @@ def packet_from_row(row: Any) -> PacketRecord:
     )
 
 
+def among(conn: AsyncConnection, column: Any, values: Sequence[Any]) -> Any:
+    """`column IN values`. On PostgreSQL `= ANY(array)`: one bind parameter, so the
+    statement stays prepared across batches (an IN list of n values is a new
+    statement for asyncpg each time n changes, and costs a parse and plan)."""
+    if conn.dialect.name == "postgresql":
+        return column == sa.any_(sa.literal(list(values), ARRAY(column.type)))
+    return column.in_(values)
+
+
 def chunks(items: Sequence[T], size: int = CHUNK) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -124,7 +134,9 @@ async def ensure_wallets(conn: AsyncConnection, users: Iterable[str]) -> None:
     have: set[str] = set()
     for chunk in chunks(wanted):
         have.update(
-            await conn.scalars(sa.select(wallets.c.user_id).where(wallets.c.user_id.in_(chunk)))
+            await conn.scalars(
+                sa.select(wallets.c.user_id).where(among(conn, wallets.c.user_id, chunk))
+            )
         )
     missing = [u for u in wanted if u not in have]
     if missing:
