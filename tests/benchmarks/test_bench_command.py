@@ -42,6 +42,8 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         "redis-benchmark-P16",
         "hongbao",
         "hongbao-nocoalesce",
+        "hongbao-ack-aof",
+        "hongbao-ack-ledger",
         "hongbao-http",
         "hello-world",
         "memory",
@@ -54,6 +56,9 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
     assert hongbao["result"]["duplicates"] == 0 and hongbao["result"]["over_issue"] == 0
     assert hongbao["grabs_per_second"] > 0
     assert "redis_cpu_pct" in hongbao["figures"]
+    for mode in ("aof", "ledger"):  # the embedded Valkey has WAITAOF: neither is skipped
+        row = next(r for r in data["scenarios"] if r["scenario"] == f"hongbao-ack-{mode}")
+        assert row["status"] == "ok" and row["result"]["duplicates"] == 0, row
     assert {t["name"] for t in data["targets"]} >= {"hongbao / seed-baseline"}
     assert plot.stat().st_size > 0
     assert "| scenario |" in markdown.read_text()

@@ -23,7 +23,7 @@ Scenarios = Annotated[
     typer.Option(
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
-        "hongbao-nocoalesce, hongbao-http, designs, memory (default: all).",
+        "hongbao-nocoalesce, ack-modes, hongbao-http, designs, memory (default: all).",
         show_default=False,
     ),
 ]

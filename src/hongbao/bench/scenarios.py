@@ -47,7 +47,13 @@ from hongbao.bench.harness import (
 from hongbao.bench.harness import seed002_script as _seed002_script
 from hongbao.bench.results import ScenarioResult
 from hongbao.domain.splitting import SplitLimits
-from hongbao.errors import HongbaoError, PacketExhausted, PacketExpired, PacketNotFound
+from hongbao.errors import (
+    ConfigurationError,
+    HongbaoError,
+    PacketExhausted,
+    PacketExpired,
+    PacketNotFound,
+)
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 
@@ -57,13 +63,18 @@ SCENARIOS = (
     "redis-benchmark",
     "hongbao",
     "hongbao-nocoalesce",
+    "ack-modes",
     "hongbao-http",
     "designs",
     "memory",
 )
 #: scenario groups whose failure makes `hongbao bench` exit non-zero (hongbao-nocoalesce is a
 #: comparison with coalescing off, not the shipped configuration: shown failing, not fatal)
-OURS = frozenset({"hongbao", "hongbao-http", "memory"})
+OURS = frozenset({"hongbao", "ack-modes", "hongbao-http", "memory"})
+#: --ack modes measured by the ack-modes group (replica needs a replica server)
+BENCH_ACK_MODES = ("aof", "ledger")
+#: ack-mode runs grab this fraction of the hongbao scenario's grabs (they are slower)
+ACK_MODE_FRACTION = 8
 SQL_BACKENDS = ("postgresql", "mysql")
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
@@ -429,10 +440,19 @@ async def redis_benchmark(ctx: BenchContext) -> list[Outcome]:
 # --------------------------------------------------------------------------- hongbao
 
 
-async def _hongbao_run(ctx: BenchContext, name: str, coalesce: bool) -> Outcome:
+async def _hongbao_run(
+    ctx: BenchContext,
+    name: str,
+    coalesce: bool,
+    *,
+    group: str | None = None,
+    per_packet: int | None = None,
+    ack_mode: str = "redis",
+) -> Outcome:
     p = ctx.profile
-    per_packet = p.hb_shares if coalesce else p.nocoalesce_shares
-    settings = ctx.settings(coalesce_max_batch=64 if coalesce else 1)
+    if per_packet is None:
+        per_packet = p.hb_shares if coalesce else p.nocoalesce_shares
+    settings = ctx.settings(coalesce_max_batch=64 if coalesce else 1, ack_mode=ack_mode)
     service = await Hongbao.connect(settings, migrate=True)
     admin = ctx.admin()
     try:
@@ -492,7 +512,7 @@ async def _hongbao_run(ctx: BenchContext, name: str, coalesce: bool) -> Outcome:
         await service.aclose()
     status = _failed(result) if not problems else "failed"
     note = "; ".join([*problems, _problems(result)]).strip("; ")
-    return Outcome(name, name, status, result, note, figures)
+    return Outcome(name, group or name, status, result, note, figures)
 
 
 async def hongbao(ctx: BenchContext) -> list[Outcome]:
@@ -501,6 +521,23 @@ async def hongbao(ctx: BenchContext) -> list[Outcome]:
 
 async def hongbao_nocoalesce(ctx: BenchContext) -> list[Outcome]:
     return [await _hongbao_run(ctx, "hongbao-nocoalesce", coalesce=False)]
+
+
+async def ack_modes(ctx: BenchContext) -> list[Outcome]:
+    """The engine scenario in each waiting --ack mode (the `hongbao` row is mode redis)."""
+    per_packet = max(10, ctx.profile.hb_shares // ACK_MODE_FRACTION)
+    outcomes = []
+    for mode in BENCH_ACK_MODES:
+        name = f"hongbao-ack-{mode}"
+        ctx.say(f"--ack {mode}")
+        try:
+            outcome = await _hongbao_run(
+                ctx, name, coalesce=True, group="ack-modes", per_packet=per_packet, ack_mode=mode
+            )
+        except ConfigurationError as exc:  # e.g. WAITAOF missing on Redis < 7.2
+            outcome = Outcome(name, "ack-modes", "skipped", note=str(exc))
+        outcomes.append(outcome)
+    return outcomes
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -860,6 +897,7 @@ RUNNERS: dict[str, Callable[[BenchContext], Awaitable[list[Outcome]]]] = {
     "redis-benchmark": redis_benchmark,
     "hongbao": hongbao,
     "hongbao-nocoalesce": hongbao_nocoalesce,
+    "ack-modes": ack_modes,
     "hongbao-http": hongbao_http,
     "designs": designs,
     "memory": memory,
