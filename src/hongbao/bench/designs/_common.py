@@ -364,3 +364,15 @@ class SqlDesign(DesignBase):
 
     async def teardown(self) -> None:
         await self.store.close()
+
+
+class UsesRedis:
+    """A design's Redis client, connected by its setup()."""
+
+    _redis: aioredis.Redis | None = None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        if self._redis is None:
+            raise RuntimeError("setup() first")
+        return self._redis

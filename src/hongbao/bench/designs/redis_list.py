@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from hongbao.bench.designs._common import (
     DEFAULT_REDIS_URL,
     DesignBase,
+    UsesRedis,
     as_text,
     delete_namespace,
     new_namespace,
@@ -32,7 +33,7 @@ from hongbao.bench.designs._common import (
 )
 
 
-class RedisListDesign(DesignBase):
+class RedisListDesign(DesignBase, UsesRedis):
     name = "redis_list"
     backend = "redis"
     supported_backends = frozenset({"redis"})
@@ -49,12 +50,6 @@ class RedisListDesign(DesignBase):
         self._redis: aioredis.Redis | None = None
         self.lock_refused = 0
         self.repeat_answers = 0
-
-    @property
-    def redis(self) -> aioredis.Redis:
-        if self._redis is None:
-            raise RuntimeError("setup() first")
-        return self._redis
 
     async def setup(self, shares: list[int]) -> None:
         self._redis = aioredis.Redis.from_url(self.redis_url, decode_responses=True)

@@ -24,6 +24,7 @@ from hongbao.bench.designs._common import (
     DEFAULT_REDIS_URL,
     SqlDesign,
     SqlStore,
+    UsesRedis,
     delete_namespace,
     new_namespace,
     warm_redis,
@@ -38,7 +39,7 @@ return 0
 """
 
 
-class RedisLockDesign(SqlDesign):
+class RedisLockDesign(SqlDesign, UsesRedis):
     name = "redis_lock"
 
     def __init__(
@@ -67,12 +68,6 @@ class RedisLockDesign(SqlDesign):
         self._lock_key = f"{self._ns}lock:{ACTIVITY_ID}"
         self._shares: list[int] = []
         self.lock_lost = 0
-
-    @property
-    def redis(self) -> aioredis.Redis:
-        if self._redis is None:
-            raise RuntimeError("setup() first")
-        return self._redis
 
     async def setup(self, shares: list[int]) -> None:
         self._shares = list(shares)

@@ -28,6 +28,7 @@ from hongbao.bench.designs._common import (
     TAKEN,
     DesignBase,
     SqlStore,
+    UsesRedis,
     as_text,
     delete_namespace,
     new_namespace,
@@ -36,7 +37,7 @@ from hongbao.bench.designs._common import (
 from hongbao.bench.harness import seed002_script
 
 
-class RedisQueueAsyncDesign(DesignBase):
+class RedisQueueAsyncDesign(DesignBase, UsesRedis):
     name = "redis_queue_async"
 
     def __init__(
@@ -67,12 +68,6 @@ class RedisQueueAsyncDesign(DesignBase):
         self.persist_errors = 0
         self.first_persist_error: str | None = None
         self.drain_seconds = 0.0
-
-    @property
-    def redis(self) -> aioredis.Redis:
-        if self._redis is None:
-            raise RuntimeError("setup() first")
-        return self._redis
 
     async def setup(self, shares: list[int]) -> None:
         await self.store.open()
