@@ -37,11 +37,12 @@ import sqlalchemy as sa
 from redis.exceptions import RedisError, WatchError
 from sqlalchemy.exc import DBAPIError
 
+from hongbao.domain.moments import ms
 from hongbao.errors import ConfigurationError, HongbaoError, StorageError
 from hongbao.keys import PacketKeys
 from hongbao.ledger.schema import claims
 from hongbao.ledger.sql import ClaimRow, PacketRecord
-from hongbao.service import Hongbao, ms
+from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao.storage.redis import ClaimValue, Event, pack_share
 

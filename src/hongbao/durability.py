@@ -47,6 +47,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from hongbao.domain.moments import from_ms
 from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import PREFIX, PacketKeys, bucket_tag
 from hongbao.ledger import SqlLedger
@@ -197,7 +198,6 @@ class LedgerDurability(Durability):
         self.confirmed = 0
 
     async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
-        from hongbao.service import from_ms  # the service imports this module
 
         event = ClaimEvent(
             keys.packet_id, claim.seq - 1, user_id, claim.amount, from_ms(claim.claimed_at_ms)

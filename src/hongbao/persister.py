@@ -18,10 +18,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hongbao.domain.moments import from_ms
 from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
-from hongbao.service import from_ms
 from hongbao.settings import Settings
 from hongbao.storage.redis import ClaimValue, Event, RedisStore
 

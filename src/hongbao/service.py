@@ -29,6 +29,7 @@ from hongbao.domain.models import (
     SplitMode,
     Wallet,
 )
+from hongbao.domain.moments import from_ms, ms
 from hongbao.domain.money import require_amount
 from hongbao.domain.splitting import split
 from hongbao.durability import make_durability
@@ -47,14 +48,6 @@ from hongbao.storage.redis import ClaimValue, LiveStatus
 
 MAX_GREETING = 200
 _RECORD_CACHE = 10_000
-
-
-def ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
-
-
-def from_ms(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1000, UTC)
 
 
 class Hongbao:
