@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -74,6 +75,25 @@ def audit(data_dir: Path) -> list[str]:
             await ledger.aclose()
 
     return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def separate_worker(redis_url: str, data_dir: Path) -> Iterator[None]:
+    """Run `hongbao worker` (persister + sweeper) beside a `serve --no-persister`;
+    on exit SIGTERM it and check that it stopped cleanly."""
+    worker = subprocess.Popen(
+        [*command(), "worker", "--redis-url", redis_url, "--data-dir", str(data_dir)],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=30)[0].decode(errors="replace")
+    assert worker.returncode == 0, output
+    assert "Traceback" not in output, output
 
 
 class Serve:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import signal
 import stat
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.serving import Serve, audit, clean_env, command, servers_for
+from tests.api.serving import Serve, audit, separate_worker, servers_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -293,20 +292,8 @@ def test_external_redis_with_a_separate_worker(tmp_path: Path, redis_url: str) -
     data_dir = tmp_path / "data"
     server = Serve(data_dir, None, "--redis-url", redis_url, "--no-persister")
     with server:
-        env = clean_env()
-        worker = subprocess.Popen(
-            [*command(), "worker", "--redis-url", redis_url, "--data-dir", str(data_dir)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        try:
+        with separate_worker(redis_url, data_dir):
             _send_grab_expire(server)
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            output = worker.communicate(timeout=30)[0].decode(errors="replace")
-        assert worker.returncode == 0, output
-        assert "Traceback" not in output, output
         stop_cleanly(server)
     assert audit(data_dir) == []
     redis.Redis.from_url(redis_url).flushdb()

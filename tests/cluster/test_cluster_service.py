@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,7 +13,7 @@ import pytest
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.storage.redis import Event
-from tests.api.serving import Serve, audit, clean_env, command, run_cli
+from tests.api.serving import Serve, audit, run_cli, separate_worker
 from tests.api.test_e2e import _send_grab_expire as send_grab_expire
 from tests.api.test_e2e import drive, stop_cleanly
 from tests.cluster.conftest import BUCKETS
@@ -139,19 +137,8 @@ def test_serve_and_a_separate_worker_on_a_cluster(
     data_dir = tmp_path / "data"
     server = Serve(data_dir, None, "--redis-url", redis_cluster.url, "--no-persister")
     with server:
-        worker = subprocess.Popen(
-            [*command(), "worker", "--redis-url", redis_cluster.url, "--data-dir", str(data_dir)],
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        try:
+        with separate_worker(redis_cluster.url, data_dir):
             send_grab_expire(server)
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            output = worker.communicate(timeout=30)[0].decode(errors="replace")
-        assert worker.returncode == 0, output
-        assert "Traceback" not in output, output
         stop_cleanly(server)
     assert audit(data_dir) == []
     for command_name in ("audit", "recover"):  # the tools, on the cluster too

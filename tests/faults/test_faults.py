@@ -77,13 +77,13 @@ def test_api_killed_under_load(make_stack: Any) -> None:
     audit_clean(stack)
 
 
-@pytest.mark.parametrize("ack", ["redis", "aof", "ledger"])
-def test_redis_killed_aof_everysec(make_stack: Any, ack: str) -> None:
-    stack: Stack = make_stack(ack=ack)
-    ids = setup_packets(stack.urls[0], 4, 250)
-    first = Load(stack.urls, ids, users(300), concurrency=48, rate=800).start()
-    time.sleep(1.5)
-    stack.redis.kill9()
+def restart_recover_and_finish(
+    stack: Stack, ids: list[str], first: Load, lose_aof_tail: Any = None
+) -> tuple[Any, int, int]:
+    """Redis was just killed: stop the first load, optionally cut the AOF tail, restart
+    Redis, run `hongbao recover`, grab again, drain. Returns (result, answers changed
+    after the restart, AOF bytes cut)."""
+    cut = lose_aof_tail() if lose_aof_tail is not None else 0
     result = first.stop()
     stack.redis.restart(timeout=30)
     done = stack.cli("recover")
@@ -91,6 +91,17 @@ def test_redis_killed_aof_everysec(make_stack: Any, ack: str) -> None:
     second = Load(stack.urls, ids, users(300), concurrency=48).start()
     changed = result.merge(second.wait())
     stack.wait_drained()
+    return result, changed, cut
+
+
+@pytest.mark.parametrize("ack", ["redis", "aof", "ledger"])
+def test_redis_killed_aof_everysec(make_stack: Any, ack: str) -> None:
+    stack: Stack = make_stack(ack=ack)
+    ids = setup_packets(stack.urls[0], 4, 250)
+    first = Load(stack.urls, ids, users(300), concurrency=48, rate=800).start()
+    time.sleep(1.5)
+    stack.redis.kill9()
+    result, changed, _ = restart_recover_and_finish(stack, ids, first)
     outcome = measure(stack, f"3. Redis kill -9, AOF everysec, --ack {ack}", result)
     print(f"   answers changed after the restart: {changed}")
     assert outcome.acknowledged > 0 and outcome.money_difference == 0
@@ -144,14 +155,9 @@ def test_redis_power_loss_simulated(make_stack: Any, ack: str) -> None:
     first = Load(stack.urls, ids, users(300), concurrency=48, rate=500).start()
     time.sleep(1.5)
     stack.redis.kill9()
-    cut = sizes.lose_last(1.0)
-    result = first.stop()
-    stack.redis.restart(timeout=30)
-    done = stack.cli("recover")
-    assert done.returncode == 0, done.stdout + done.stderr
-    second = Load(stack.urls, ids, users(300), concurrency=48).start()
-    changed = result.merge(second.wait())
-    stack.wait_drained()
+    result, changed, cut = restart_recover_and_finish(
+        stack, ids, first, lose_aof_tail=lambda: sizes.lose_last(1.0)
+    )
     outcome = measure(stack, f"3b. Redis power loss (last 1 s of AOF cut), --ack {ack}", result)
     print(f"   AOF bytes cut: {cut}; answers changed after the restart: {changed}")
     assert outcome.money_difference == 0
