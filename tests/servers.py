@@ -109,14 +109,21 @@ def _first_executable(*candidates: str | Path | None) -> Path | None:
     return None
 
 
+def _from_env(variable: str) -> Path | None:
+    """The executable an environment variable names (None if unset)."""
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    found = _first_executable(value)
+    if found is None:
+        raise FileNotFoundError(f"{variable}={value!r} is not an executable file")
+    return found
+
+
 def find_server_binary() -> Path:
     """Path of the server binary: $HONGBAO_REDIS_SERVER, redis-server, or valkey-server."""
-    env = os.environ.get("HONGBAO_REDIS_SERVER")
-    if env:
-        found = _first_executable(env)
-        if found is None:
-            raise FileNotFoundError(f"HONGBAO_REDIS_SERVER={env!r} is not an executable file")
-        return found
+    if (chosen := _from_env("HONGBAO_REDIS_SERVER")) is not None:
+        return chosen
     found = _first_executable(
         "/usr/bin/redis-server", shutil.which("redis-server"), _valkey_bin("valkey-server")
     )
@@ -129,12 +136,8 @@ def find_server_binary() -> Path:
 
 def find_cli_binary() -> Path:
     """Path of the CLI matching :func:`find_server_binary` (redis-cli or valkey-cli)."""
-    env = os.environ.get("HONGBAO_REDIS_CLI")
-    if env:
-        found = _first_executable(env)
-        if found is None:
-            raise FileNotFoundError(f"HONGBAO_REDIS_CLI={env!r} is not an executable file")
-        return found
+    if (chosen := _from_env("HONGBAO_REDIS_CLI")) is not None:
+        return chosen
     server = find_server_binary()
     sibling = server.with_name(server.name.replace("-server", "-cli"))
     found = _first_executable(

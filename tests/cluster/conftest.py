@@ -50,30 +50,21 @@ def _start_sentinel(base: Path) -> RedisSentinel:
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    cluster = _start_cluster(tmp_path_factory.mktemp("cluster"))
-    try:
+    with _start_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
 def fresh_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
     """A cluster of this test's own, for failover and resharding (about 3 s to start)."""
-    cluster = _start_cluster(tmp_path / "cluster")
-    try:
+    with _start_cluster(tmp_path / "cluster") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")
 def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinel]:
-    setup = _start_sentinel(tmp_path_factory.mktemp("sentinel"))
-    try:
+    with _start_sentinel(tmp_path_factory.mktemp("sentinel")) as setup:
         yield setup
-    finally:
-        setup.stop()
 
 
 def cluster_settings(redis_url: str, sql_url: str) -> Settings:
@@ -152,11 +143,8 @@ async def fault_service(
 @pytest.fixture
 def fresh_sentinel(tmp_path: Path) -> Iterator[RedisSentinel]:
     """A Sentinel setup of this test's own, for failover (about 2 s to start)."""
-    setup = _start_sentinel(tmp_path / "sentinel")
-    try:
+    with _start_sentinel(tmp_path / "sentinel") as setup:
         yield setup
-    finally:
-        setup.stop()
 
 
 async def make_service(

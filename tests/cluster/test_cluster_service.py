@@ -17,7 +17,12 @@ from tests.api.serving import Serve, audit, run_cli, separate_worker
 from tests.api.test_e2e import _send_grab_expire as send_grab_expire
 from tests.api.test_e2e import drive, stop_cleanly
 from tests.cluster.conftest import BUCKETS
-from tests.integration.test_concurrency import check_outcome, open_packet, storm
+from tests.integration.test_concurrency import (
+    check_outcome,
+    open_packet,
+    storm,
+    storm_while_persisting,
+)
 from tests.servers import RedisCluster
 
 pytestmark = [pytest.mark.redis_cluster, pytest.mark.integration]
@@ -28,15 +33,7 @@ async def test_exactly_n_winners_and_sql_equals_redis_on_a_cluster(
 ) -> None:
     """tests/integration/test_concurrency.py's storm and checks, unchanged."""
     service = cluster_service
-    packet_id = await open_packet(service)
-    stop = asyncio.Event()
-    worker = asyncio.create_task(cluster_persister.run(stop))
-    answers = await storm(service, packet_id, seed=1)
-    await asyncio.wait_for(cluster_persister.drain(), 60)
-    stop.set()
-    await worker
-    await check_outcome(service, packet_id, answers)
-    assert cluster_persister.stats.dead_lettered == 0
+    await storm_while_persisting(service, cluster_persister)
     coalescer = service.coalescer
     assert coalescer is not None and coalescer.calls < coalescer.grabs  # batches rode along
 

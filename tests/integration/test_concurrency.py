@@ -84,9 +84,8 @@ async def open_packet(service: Hongbao) -> str:
     return packet.id
 
 
-async def test_exactly_n_winners_and_sql_equals_redis(
-    service: Hongbao, persister: Persister
-) -> None:
+async def storm_while_persisting(service: Hongbao, persister: Persister) -> None:
+    """The storm with the persister running beside it, then the drain and every check."""
     packet_id = await open_packet(service)
     stop = asyncio.Event()
     worker = asyncio.create_task(persister.run(stop))
@@ -96,6 +95,12 @@ async def test_exactly_n_winners_and_sql_equals_redis(
     await worker
     await check_outcome(service, packet_id, answers)
     assert persister.stats.dead_lettered == 0
+
+
+async def test_exactly_n_winners_and_sql_equals_redis(
+    service: Hongbao, persister: Persister
+) -> None:
+    await storm_while_persisting(service, persister)
 
 
 class Killed(Exception):
