@@ -44,7 +44,7 @@ from hongbao.ledger.schema import claims
 from hongbao.ledger.sql import ClaimRow, PacketRecord
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
-from hongbao.storage.redis import ClaimValue, Event, pack_share
+from hongbao.storage.redis import ClaimValue, Event, grants_in, pack_share
 
 #: how long the audit waits for the persister to drain before comparing (informational)
 SETTLE_SECONDS = 10.0
@@ -135,9 +135,9 @@ async def pending_claims(service: Hongbao) -> dict[tuple[str, str], ClaimValue]:
         while True:
             rows = await store._call(store.client.xrange(stream, min=last, count=1000))
             for entry_id, fields in rows:
-                if fields.get("k") == "c":
-                    with contextlib.suppress(KeyError, ValueError):
-                        found[(fields["p"], fields["u"])] = ClaimValue.parse(fields["c"])
+                with contextlib.suppress(KeyError, ValueError):
+                    for user, claim in grants_in(fields):
+                        found[(fields["p"], user)] = claim
                 last = "(" + str(entry_id)
             if len(rows) < 1000:
                 break

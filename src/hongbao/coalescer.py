@@ -38,7 +38,9 @@ class GrabCoalescer:
         self.calls = 0
 
     async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
-        lane = self._lanes.setdefault(keys.bucket, _Lane())
+        lane = self._lanes.get(keys.bucket)
+        if lane is None:
+            lane = self._lanes[keys.bucket] = _Lane()
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         lane.waiting.append((keys, user_id, answer))
         if lane.in_flight < self.max_in_flight:
@@ -51,28 +53,28 @@ class GrabCoalescer:
     async def _send(self, lane: _Lane) -> None:
         """Send batches from the lane until it is empty."""
         try:
-            while lane.waiting:
-                batch = [
-                    lane.waiting.popleft() for _ in range(min(self.max_batch, len(lane.waiting)))
-                ]
-                positions: dict[str, int] = {}
-                packets: list[PacketKeys] = []
-                requests: list[tuple[int, str]] = []
-                for keys, user, _ in batch:
-                    if keys.packet_id not in positions:
-                        positions[keys.packet_id] = len(packets)
-                        packets.append(keys)
-                    requests.append((positions[keys.packet_id], user))
+            waiting = lane.waiting
+            while waiting:
+                batch = [waiting.popleft() for _ in range(min(self.max_batch, len(waiting)))]
+                # one group per packet, users and answers in arrival order
+                groups: dict[str, tuple[PacketKeys, list[str], list[asyncio.Future[Answer]]]] = {}
+                for keys, user, fut in batch:
+                    group = groups.get(keys.packet_id)
+                    if group is None:
+                        group = groups[keys.packet_id] = (keys, [], [])
+                    group[1].append(user)
+                    group[2].append(fut)
                 self.calls += 1
                 self.grabs += len(batch)
                 try:
-                    answers = await self.store.grab_batch(packets, requests)
+                    answers = await self.store.grab_batch([(k, u) for k, u, _ in groups.values()])
                 except Exception as exc:
                     for _, _, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
-                for (_, _, fut), answer in zip(batch, answers, strict=True):
+                futures = [fut for _, _, futs in groups.values() for fut in futs]
+                for fut, answer in zip(futures, answers, strict=True):
                     if not fut.done():
                         fut.set_result(answer)
         finally:

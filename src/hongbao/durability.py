@@ -70,6 +70,8 @@ class Durability:
     """Acknowledgement policy. The base class is mode ``redis``: nothing to wait for."""
 
     mode = "redis"
+    #: False when confirm() has nothing to wait for (the grab path then skips the call)
+    waits = False
 
     async def check(self) -> None:
         """Refuse (ConfigurationError) a server that cannot give this guarantee."""
@@ -90,6 +92,8 @@ class _Round:
 
 class RedisWaitDurability(Durability):
     """``aof`` (WAITAOF 1 0 timeout) and ``replica`` (WAIT 1 timeout), group-committed."""
+
+    waits = True
 
     def __init__(self, store: RedisStore, mode: str, timeout_ms: int) -> None:
         self.store = store
@@ -187,6 +191,7 @@ class LedgerDurability(Durability):
     """``ledger``: claims are committed to SQL in batches by this process before answering."""
 
     mode = "ledger"
+    waits = True
 
     def __init__(self, ledger: SqlLedger, max_batch: int) -> None:
         self.ledger = ledger

@@ -23,7 +23,7 @@ from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
 from hongbao.settings import Settings
-from hongbao.storage.redis import ClaimValue, Event, RedisStore
+from hongbao.storage.redis import Event, RedisStore, grants_in
 
 log = logging.getLogger("hongbao.persister")
 
@@ -32,22 +32,28 @@ def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def parse_event(event: Event) -> LedgerEvent:
-    """Turn a stream entry into a ledger event; ValueError says why it is malformed."""
+def parse_event(event: Event) -> list[LedgerEvent]:
+    """The ledger events of a stream entry (a grant entry holds several); ValueError says
+    why it is malformed."""
     f = event.fields
     try:
-        if f["k"] == "c":
-            claim = ClaimValue.parse(f["c"])
-            if claim.seq < 1 or claim.amount <= 0:
-                raise ValueError(f"claim {f['c']!r} has no valid share")
-            return ClaimEvent(
-                f["p"], claim.seq - 1, f["u"], claim.amount, from_ms(claim.claimed_at_ms)
-            )
+        grants = grants_in(f)
+        if grants:
+            events: list[LedgerEvent] = []
+            for user, claim in grants:
+                if claim.seq < 1 or claim.amount <= 0:
+                    raise ValueError(f"claim {claim.encode()!r} of {user!r} has no valid share")
+                events.append(
+                    ClaimEvent(
+                        f["p"], claim.seq - 1, user, claim.amount, from_ms(claim.claimed_at_ms)
+                    )
+                )
+            return events
         if f["k"] == "r":
             amount, left = int(f["a"]), int(f["n"])
             if amount < 0 or left < 0:
                 raise ValueError("negative refund")
-            return RefundEvent(f["p"], f["s"], amount, left, from_ms(int(f["t"])))
+            return [RefundEvent(f["p"], f["s"], amount, left, from_ms(int(f["t"])))]
     except KeyError as missing:
         raise ValueError(f"malformed event: field {missing} missing") from None
     except (TypeError, ValueError, OverflowError) as exc:
@@ -58,7 +64,7 @@ def parse_event(event: Event) -> LedgerEvent:
 @dataclass
 class PersisterStats:
     batches: int = 0
-    applied: int = 0
+    applied: int = 0  # ledger events (claims, refunds), not stream entries
     dead_lettered: int = 0
     reclaimed: int = 0
     db_failures: int = 0
@@ -129,25 +135,36 @@ class Persister:
         return await asyncio.shield(self._handle(events))
 
     async def _handle(self, events: Sequence[Event]) -> int:
-        parsed: list[tuple[Event, LedgerEvent]] = []
+        parsed: list[tuple[Event, list[LedgerEvent]]] = []
         for event in events:
             try:
                 parsed.append((event, parse_event(event)))
             except ValueError as exc:
                 await self._dead_letter(event, str(exc))
         if parsed:
-            outcomes = await self._apply([p for _, p in parsed])
+            outcomes = iter(await self._apply_in_slices([e for _, entry in parsed for e in entry]))
             done: dict[str, list[str]] = defaultdict(list)
-            for (event, _), reason in zip(parsed, outcomes, strict=True):
-                if reason is None:
+            for event, entry in parsed:
+                # an entry's good grants stay applied (a replay would be harmless); the
+                # entry is parked with the reasons of the ones that could not be
+                reasons = [r for r in (next(outcomes) for _ in entry) if r is not None]
+                if not reasons:
                     done[event.stream].append(event.id)
+                    self.stats.applied += len(entry)
                 else:
-                    await self._dead_letter(event, reason)
+                    await self._dead_letter(event, "; ".join(reasons))
             for stream, ids in done.items():
                 await self.store.ack(stream, ids)
-                self.stats.applied += len(ids)
             self.stats.batches += 1
         return len(events)
+
+    async def _apply_in_slices(self, events: list[LedgerEvent]) -> list[str | None]:
+        """A grant entry holds up to a coalesced batch of claims: keep transactions bounded."""
+        size = self.settings.persister_batch
+        outcomes: list[str | None] = []
+        for start in range(0, len(events), size):
+            outcomes += await self._apply(events[start : start + size])
+        return outcomes
 
     async def _apply(self, events: list[LedgerEvent]) -> list[str | None]:
         """The batch in one transaction; if it fails for a non-storage reason, one by one."""

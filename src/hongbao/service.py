@@ -14,10 +14,11 @@ import random
 import secrets
 import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from hongbao.coalescer import GrabCoalescer
+from hongbao.coalescer import Answer, GrabCoalescer
 from hongbao.domain.ids import new_packet_id, require_user_id, valid_packet_id
 from hongbao.domain.models import (
     Claim,
@@ -71,6 +72,10 @@ class Hongbao:
             GrabCoalescer(store, settings.coalesce_max_batch, settings.coalesce_max_in_flight)
             if settings.coalesce_max_batch > 1
             else None
+        )
+        #: one grab in Redis: coalesced, or one script call each
+        self._grab: Callable[[PacketKeys, str], Awaitable[Answer]] = (
+            self.coalescer.grab if self.coalescer is not None else store.grab
         )
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
@@ -183,14 +188,9 @@ class Hongbao:
             status, claim = await self._grab(keys, user_id)
         if status is GrabStatus.UNKNOWN:
             return await self._grab_from_ledger(packet_id, user_id)
-        if claim is not None:
+        if claim is not None and self.durability.waits:
             await self.durability.confirm(keys, user_id, claim)
         return self._grab_answer(packet_id, user_id, status, claim)
-
-    async def _grab(self, keys: PacketKeys, user_id: str) -> tuple[GrabStatus, ClaimValue | None]:
-        if self.coalescer is not None:
-            return await self.coalescer.grab(keys, user_id)
-        return await self.store.grab(keys, user_id)
 
     def _grab_answer(
         self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None
@@ -202,7 +202,7 @@ class Hongbao:
                 claim.amount,
                 claim.seq,
                 first=status is GrabStatus.GRANTED,
-                claimed_at=from_ms(claim.claimed_at_ms),
+                claimed_at_ms=claim.claimed_at_ms,
             )
         if status is GrabStatus.EXHAUSTED:
             raise PacketExhausted(f"packet {packet_id} has no shares left")
@@ -218,7 +218,7 @@ class Hongbao:
         for row in await self.ledger.claims_of(packet_id):
             if row.user_id == user_id:
                 return GrabResult(
-                    packet_id, user_id, row.amount, row.share_idx + 1, False, row.claimed_at
+                    packet_id, user_id, row.amount, row.share_idx + 1, False, ms(row.claimed_at)
                 )
         if record.claimed_count >= record.count:
             raise PacketExhausted(f"packet {packet_id} has no shares left")

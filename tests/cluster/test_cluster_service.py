@@ -61,6 +61,10 @@ async def test_two_persisters_divide_the_buckets_and_one_takes_over(
     service = cluster_service
     # small reads (10 entries per bucket), so that both consumers get work as it arrives
     settings = replace(service.settings, persister_batch=160)
+    # many small stream entries (a coalesced call writes one per packet), so that the
+    # consumers read batch after batch while the storm lasts
+    assert service.coalescer is not None
+    service.coalescer.max_batch = 2
     packet_id = await open_packet(service)
     # other packets with users of their own, so that several buckets are at work
     await service.deposit("other-sender", 10_000 * 6)

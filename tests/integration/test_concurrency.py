@@ -118,7 +118,7 @@ class DiesMidBatch(Persister):
         if not events:
             return 0
         if self.commit_first:
-            await self.ledger.apply([parse_event(e) for e in events])
+            await self.ledger.apply([le for e in events for le in parse_event(e)])
         raise Killed
 
 

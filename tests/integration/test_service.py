@@ -146,6 +146,29 @@ async def test_packet_written_but_not_loaded_heals_on_grab(service: Hongbao) -> 
     assert (await service.packet(packet.id)).remaining_count == 1
 
 
+async def test_grant_entry_with_a_bad_line_parks_only_with_its_reason(
+    service: Hongbao, persister: Persister
+) -> None:
+    await service.deposit("s", 1000)
+    packet = await service.send("s", 100, 3)
+    got = await service.grab(packet.id, "u1")
+    keys = service.store.keys(packet.id)
+    replay = f"u1 {got.seq}:{got.amount}:{got.claimed_at_ms}"
+    await service.store.client.xadd(
+        keys.events, {"k": "g", "p": packet.id, "c": f"{replay}\nu8 9:5:1"}
+    )
+    await service.store.client.xadd(keys.events, {"k": "g", "p": packet.id, "c": "u7 nonsense"})
+    await asyncio.wait_for(persister.drain(), 20)
+    parked = sorted(await service.store.dead_letters(), key=lambda e: e.fields["id"])
+    assert len(parked) == 2
+    assert "u1" not in parked[0].fields["reason"] and parked[0].fields["reason"]
+    assert "malformed" in parked[1].fields["reason"]
+    # the replayed line changed nothing, the bad share paid nothing
+    assert (await service.wallet("u1")).balance == got.amount
+    assert (await service.wallet("u8")).balance == 0
+    assert await service.ledger.audit() == []
+
+
 async def test_poison_entry_goes_to_dead_letter(service: Hongbao, persister: Persister) -> None:
     await service.deposit("s", 1000)
     packet = await service.send("s", 100, 2)

@@ -12,7 +12,7 @@ from hongbao.domain.ids import new_packet_id
 from hongbao.domain.models import GrabStatus
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
-from hongbao.storage.redis import ClaimValue
+from hongbao.storage.redis import ClaimValue, grants_in
 
 pytestmark = pytest.mark.redis
 
@@ -70,8 +70,8 @@ async def test_grab_outcomes(store: RedisStore) -> None:
     assert (await store.grab(keys, "carol")) == (GrabStatus.EXHAUSTED, None)
     assert (await store.grab(store.keys(new_packet_id()), "dan")) == (GrabStatus.UNKNOWN, None)
     events = await store.client.xrange(keys.events)
-    assert [e[1]["u"] for e in events] == ["alice", "bob"]
-    assert all(e[1]["k"] == "c" and e[1]["p"] == keys.packet_id for e in events)
+    assert [[u for u, _ in grants_in(e[1])] for e in events] == [["alice"], ["bob"]]
+    assert all(e[1]["k"] == "g" and e[1]["p"] == keys.packet_id for e in events)
 
 
 async def test_grab_after_expiry_by_server_clock(store: RedisStore) -> None:
@@ -92,20 +92,28 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
             keep_until_ms=now_ms() + 120_000,
             shares=[(0, 5), (1, 7)],
         )
-    answers = await store.grab_batch(
-        bucket_mates, [(0, "u1"), (0, "u1"), (1, "u1"), (0, "u2"), (0, "u3"), (1, "u2")]
-    )
+    first, second = bucket_mates
+    answers = await store.grab_batch([(first, ["u1", "u1", "u2", "u3"]), (second, ["u1", "u2"])])
     statuses = [s for s, _ in answers]
     assert statuses == [
         GrabStatus.GRANTED,
         GrabStatus.ALREADY_CLAIMED,
         GrabStatus.GRANTED,
-        GrabStatus.GRANTED,
         GrabStatus.EXHAUSTED,
+        GrabStatus.GRANTED,
         GrabStatus.GRANTED,
     ]
     assert answers[0][1] == answers[1][1]
-    assert await store.client.xlen(bucket_mates[0].events) == 4
+    assert [claim and claim.seq for _, claim in answers] == [1, 1, 2, None, 1, 2]
+    # one stream entry per packet and call, holding that packet's grants in order
+    entries = [fields for _, fields in await store.client.xrange(first.events)]
+    assert [(f["p"], [u for u, _ in grants_in(f)]) for f in entries] == [
+        (first.packet_id, ["u1", "u2"]),
+        (second.packet_id, ["u1", "u2"]),
+    ]
+    assert [c for f in entries for _, c in grants_in(f)] == [
+        c for _, c in answers if c is not None and _ is GrabStatus.GRANTED
+    ]
 
 
 async def test_grab_batch_refuses_mixed_buckets(store: RedisStore) -> None:
@@ -114,7 +122,7 @@ async def test_grab_batch_refuses_mixed_buckets(store: RedisStore) -> None:
         k for k in (store.keys(new_packet_id()) for _ in range(100)) if k.bucket != first.bucket
     )
     with pytest.raises(ValueError, match="one bucket"):
-        await store.grab_batch([first, other], [(0, "u")])
+        await store.grab_batch([(first, ["u"]), (other, ["u"])])
 
 
 async def test_close_refunds_once_and_remembers(store: RedisStore) -> None:
@@ -149,5 +157,5 @@ async def test_ack_and_dead_letter(store: RedisStore) -> None:
     await store.dead_letter(events[1], "bad thing")
     parked = await store.dead_letters()
     assert len(parked) == 1 and parked[0].fields["reason"] == "bad thing"
-    assert parked[0].fields["u"] == "b"
+    assert [u for u, _ in grants_in(parked[0].fields)] == ["b"]
     assert await store.backlog() == 0

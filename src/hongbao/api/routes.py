@@ -49,6 +49,7 @@ IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 PING_TIMEOUT = 2.0
 
+
 class Api:
     """The endpoints of one app; `runtime` is set by the app's lifespan."""
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum, StrEnum
 
+from hongbao.domain.moments import from_ms
+
 
 class PacketStatus(StrEnum):
     #: shares are left and the packet has not expired
@@ -59,7 +61,7 @@ class Packet:
     expires_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per grab, and frozen __init__ costs 5x
 class GrabResult:
     packet_id: str
     user_id: str
@@ -68,7 +70,12 @@ class GrabResult:
     seq: int
     #: False when the user had grabbed this packet before
     first: bool
-    claimed_at: datetime
+    #: unix milliseconds (the datetime is made only when asked for)
+    claimed_at_ms: int
+
+    @property
+    def claimed_at(self) -> datetime:
+        return from_ms(self.claimed_at_ms)
 
 
 @dataclass(frozen=True, slots=True)

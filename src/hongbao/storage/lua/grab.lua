@@ -6,7 +6,8 @@
 -- Returns {status, claim}; claim is "seq:amount:claimed_at_ms" for status 1 and 2.
 --   0 unknown packet, 1 granted now, 2 claimed before (the earlier claim again),
 --   3 exhausted, 4 expired (by this server's clock, or closed by the sweeper)
--- A grant also appends {k=c, p=packet, u=user, c=claim} to the event stream.
+-- A grant also appends {k=g, p=packet, c="user claim"} to the event stream (the
+-- format of grab_batch.lua's entries, with one line).
 
 local prior = redis.call('HGET', KEYS[3], ARGV[2])
 if prior then
@@ -34,5 +35,5 @@ local amount = packed - index * 4294967296
 local claim = string.format('%d:%d:%d', index + 1, amount, now)
 redis.call('HSET', KEYS[3], ARGV[2], claim)
 redis.call('HINCRBY', KEYS[1], 'left', -amount)
-redis.call('XADD', KEYS[4], '*', 'k', 'c', 'p', ARGV[1], 'u', ARGV[2], 'c', claim)
+redis.call('XADD', KEYS[4], '*', 'k', 'g', 'p', ARGV[1], 'c', ARGV[2] .. ' ' .. claim)
 return {1, claim}
