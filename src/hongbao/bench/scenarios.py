@@ -230,11 +230,6 @@ class BenchContext:
 # --------------------------------------------------------------------------- helpers
 
 
-def redis_cpu_seconds(client: Admin) -> float:
-    """CPU seconds the server (on a cluster: all primaries together) has used."""
-    return sum(cpu_by_node(client).values())
-
-
 def _machine_busy_seconds() -> float | None:
     """CPU seconds all processes of the machine have used (Linux /proc/stat), or None."""
     try:
