@@ -23,7 +23,8 @@ Scenarios = Annotated[
     typer.Option(
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
-        "hongbao-nocoalesce, ack-modes, hongbao-http, designs, memory (default: all).",
+        "hongbao-nocoalesce, ack-modes, hongbao-http, designs, memory, hongbao-cluster "
+        "(default: all; hongbao-cluster needs a redis+cluster:// URL).",
         show_default=False,
     ),
 ]
@@ -58,8 +59,10 @@ def bench(
         str | None,
         typer.Option(
             "--redis-url",
-            help="A Redis for the bench alone (it writes grab events to hongbao's streams); "
-            "default: an embedded server in a temporary folder.",
+            help="A Redis for the bench alone (it writes grab events to hongbao's streams), "
+            "or redis+cluster://h:p,h:p for a cluster (scenarios built on seed 002's "
+            "one-server script are then skipped); default: an embedded server in a "
+            "temporary folder.",
             show_default=False,
         ),
     ] = None,
@@ -163,7 +166,7 @@ def bench(
         "seconds": round(time.perf_counter() - started, 1),
         "seconds_per_scenario": timings,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "redis": "embedded (temporary)" if not redis_url else "external",
+        "redis": _redis_kind(redis_url),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         # other work on the machine skews every figure: the load averages around the run
         "load_average_before": [round(x, 2) for x in load_before],
@@ -194,6 +197,14 @@ def _redis(url: str | None, work: Path) -> Iterator[str]:
         yield server.start()
     finally:
         server.stop()
+
+
+def _redis_kind(url: str | None) -> str:
+    if not url:
+        return "embedded (temporary)"
+    from hongbao.bench.cluster import is_cluster_url
+
+    return "external cluster" if is_cluster_url(url) else "external"
 
 
 def _command_line(

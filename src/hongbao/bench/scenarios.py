@@ -10,7 +10,12 @@ Scenario names (``--scenarios``):
 * ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), with
   the hello-world ceiling of the same uvicorn setup measured in the same run;
 * ``designs``: seed 003's six designs (`hongbao.bench.designs`) on PostgreSQL and MariaDB;
-* ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet.
+* ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet;
+* ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
+  packets on the first 1, 2 ... P primaries, one client process per primary
+  (`hongbao.bench.cluster_scenario`), and the same on one plain server for comparison.
+
+On a cluster, the scenarios built on seed 002's script are skipped (its keys span slots).
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ from urllib.parse import urlsplit
 
 import redis
 
+from hongbao.bench.cluster import (
+    ONE_SERVER_DESIGN,
+    ONE_SERVER_ONLY,
+    Admin,
+    admin_for,
+    cpu_by_node,
+    is_cluster_url,
+)
 from hongbao.bench.harness import (
     Design,
     account,
@@ -67,10 +80,11 @@ SCENARIOS = (
     "hongbao-http",
     "designs",
     "memory",
+    "hongbao-cluster",
 )
 #: scenario groups whose failure makes `hongbao bench` exit non-zero (hongbao-nocoalesce is a
 #: comparison with coalescing off, not the shipped configuration: shown failing, not fatal)
-OURS = frozenset({"hongbao", "ack-modes", "hongbao-http", "memory"})
+OURS = frozenset({"hongbao", "ack-modes", "hongbao-http", "memory", "hongbao-cluster"})
 #: --ack modes measured by the ack-modes group (replica needs a replica server)
 BENCH_ACK_MODES = ("aof", "ledger")
 #: ack-mode runs grab this fraction of the hongbao scenario's grabs (they are slower)
@@ -101,6 +115,11 @@ class Profile:
     design_grabbers: int
     design_concurrency: int
     memory_shares: int = MEMORY_SHARES
+
+    @property
+    def cluster_grabs(self) -> int:
+        """Grabs per targeted primary in each hongbao-cluster run."""
+        return max(200, self.hb_packets * self.hb_shares // 8)
 
 
 PROFILES: dict[str, Profile] = {
@@ -188,8 +207,13 @@ class BenchContext:
     #: called with a short text while a scenario makes progress
     say: Callable[[str], None] = lambda _: None
 
-    def admin(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+    @property
+    def cluster(self) -> bool:
+        return is_cluster_url(self.redis_url)
+
+    def admin(self) -> Admin:
+        """A client for checks and metering: a cluster client on a ``redis+cluster`` URL."""
+        return admin_for(self.redis_url)
 
     def settings(self, max_count: int = 0, **overrides: Any) -> Settings:
         """Service settings on the bench's servers (packets up to `max_count` shares)."""
@@ -206,11 +230,6 @@ class BenchContext:
 # --------------------------------------------------------------------------- helpers
 
 
-def redis_cpu_seconds(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def _machine_busy_seconds() -> float | None:
     """CPU seconds all processes of the machine have used (Linux /proc/stat), or None."""
     try:
@@ -223,24 +242,35 @@ def _machine_busy_seconds() -> float | None:
 
 
 class CpuMeter:
-    """CPU used during a stretch of wall time, in % of one core: Redis (INFO cpu), this
-    Python process, the whole machine, and the rest (other processes: the noise)."""
+    """CPU used during a stretch of wall time, in % of one core: Redis (INFO cpu; on a
+    cluster the sum over the primaries, and each primary), this Python process, the whole
+    machine, and the rest (other processes: the noise)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Admin) -> None:
         self.client = client
-        self.redis0 = redis_cpu_seconds(client)
+        self.nodes0 = cpu_by_node(client)
+        self.redis0 = sum(self.nodes0.values())
         self.python0 = time.process_time()
         self.machine0 = _machine_busy_seconds()
         self.wall0 = time.perf_counter()
 
-    def stop(self, wall: float | None = None, ops: int = 0) -> dict[str, float]:
+    def stop(self, wall: float | None = None, ops: int = 0) -> dict[str, Any]:
         """Percentages; with `ops`, also CPU microseconds per operation (these do not
         depend on how busy the machine was, unlike the rates)."""
         seconds = wall if wall is not None else time.perf_counter() - self.wall0
-        redis_s = redis_cpu_seconds(self.client) - self.redis0
+        nodes = cpu_by_node(self.client)
+        redis_s = sum(nodes.values()) - self.redis0
         python_s = time.process_time() - self.python0
         redis_pct, python_pct = redis_s / seconds * 100, python_s / seconds * 100
-        out = {"redis_cpu_pct": round(redis_pct, 1), "python_cpu_pct": round(python_pct, 1)}
+        out: dict[str, Any] = {
+            "redis_cpu_pct": round(redis_pct, 1),
+            "python_cpu_pct": round(python_pct, 1),
+        }
+        if len(nodes) > 1:
+            out["redis_cpu_pct_by_primary"] = {
+                name: round((used - self.nodes0.get(name, used)) / seconds * 100, 1)
+                for name, used in nodes.items()
+            }
         if ops:
             out["redis_us_per_grab"] = round(redis_s / ops * 1e6, 2)
             out["python_us_per_grab"] = round(python_s / ops * 1e6, 2)
@@ -344,6 +374,9 @@ async def audit_packets(
 
 
 async def seed_baseline(ctx: BenchContext) -> list[Outcome]:
+    if ctx.cluster:
+        note = ONE_SERVER_ONLY["seed-baseline"]
+        return [Outcome("seed-baseline", "seed-baseline", "skipped", note=note)]
     ctx.say(f"{ctx.profile.seed_shares:,} grabs, {ctx.profile.seed_threads} threads")
     result = await asyncio.to_thread(
         run_seed_baseline, ctx.redis_url, ctx.profile.seed_shares, ctx.profile.seed_threads
@@ -362,7 +395,7 @@ def _redis_benchmark_run(
         )
     parts = urlsplit(ctx.redis_url)
     db = int(parts.path.strip("/") or 0)
-    admin = ctx.admin()
+    admin = redis.Redis.from_url(ctx.redis_url, decode_responses=True)
     prefix = f"hb:bench:rb:{secrets.token_hex(6)}:"
     keys = [prefix + "hongBaoList", prefix + "hongBaoConsumedList", prefix + "hongBaoConsumedMap"]
     try:
@@ -429,6 +462,12 @@ def _redis_benchmark_run(
 
 
 async def redis_benchmark(ctx: BenchContext) -> list[Outcome]:
+    if ctx.cluster:
+        note = ONE_SERVER_ONLY["redis-benchmark"]
+        return [
+            Outcome(name, "redis-benchmark", "skipped", note=note)
+            for name in ("redis-benchmark", "redis-benchmark-P16")
+        ]
     n = ctx.profile.rb_requests
     ctx.say(f"{n:,} EVALSHA, 50 clients, unpipelined")
     plain = await asyncio.to_thread(_redis_benchmark_run, ctx, n, 1)
@@ -854,6 +893,9 @@ async def designs(ctx: BenchContext) -> list[Outcome]:
         for backend in backends:
             label = f"{name}@{'mariadb' if backend == 'mysql' else backend}"
             database_url: str | None = None
+            if name.startswith("redis") and ctx.cluster:
+                out.append(Outcome(label, "designs", "skipped", note=ONE_SERVER_DESIGN))
+                continue
             if backend != "redis":
                 url, port = servers[backend]
                 if not url:
@@ -892,6 +934,12 @@ async def memory(ctx: BenchContext) -> list[Outcome]:
     return await memory_scenario(ctx)
 
 
+async def hongbao_cluster(ctx: BenchContext) -> list[Outcome]:
+    from hongbao.bench.cluster_scenario import cluster_scenario
+
+    return await cluster_scenario(ctx)
+
+
 RUNNERS: dict[str, Callable[[BenchContext], Awaitable[list[Outcome]]]] = {
     "seed-baseline": seed_baseline,
     "redis-benchmark": redis_benchmark,
@@ -901,6 +949,7 @@ RUNNERS: dict[str, Callable[[BenchContext], Awaitable[list[Outcome]]]] = {
     "hongbao-http": hongbao_http,
     "designs": designs,
     "memory": memory,
+    "hongbao-cluster": hongbao_cluster,
 }
 
 __all__ = [
