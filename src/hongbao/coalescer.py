@@ -1,7 +1,7 @@
 """Coalescing concurrent grabs into batch-script calls.
 
-Grabs are queued per bucket (one bucket = one Redis Cluster slot). While fewer
-than `max_in_flight` calls are outstanding for a bucket, a grab is sent at once,
+Grabs are queued in one lane (on Redis Cluster, one lane per bucket = slot). While
+fewer than `max_in_flight` calls are outstanding for a lane, a grab is sent at once,
 so light load adds no wait; under a storm, grabs that arrive while calls are in
 flight ride together in the next call (at most `max_batch` of them). Each caller
 gets its own answer; a failed call fails only the grabs that were in it.
@@ -13,11 +13,9 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from hongbao.domain.models import GrabStatus
+from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
-from hongbao.storage.redis import ClaimValue, RedisStore
-
-Answer = tuple[GrabStatus, ClaimValue | None]
+from hongbao.storage.redis import Answer, RedisStore
 
 
 @dataclass
@@ -31,6 +29,9 @@ class GrabCoalescer:
         self.store = store
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
+        #: a cluster script call stays in one slot, so grabs queue per bucket there; one
+        #: server takes any mix of packets in one call, so there is a single lane
+        self.per_bucket = store.cluster
         self._lanes: dict[int, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: grabs sent and script calls made, to see the coalescing at work
@@ -38,9 +39,10 @@ class GrabCoalescer:
         self.calls = 0
 
     async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
-        lane = self._lanes.get(keys.bucket)
+        lane_key = keys.bucket if self.per_bucket else 0
+        lane = self._lanes.get(lane_key)
         if lane is None:
-            lane = self._lanes[keys.bucket] = _Lane()
+            lane = self._lanes[lane_key] = _Lane()
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         lane.waiting.append((keys, user_id, answer))
         if lane.in_flight < self.max_in_flight:
@@ -75,7 +77,11 @@ class GrabCoalescer:
                     continue
                 futures = [fut for _, _, futs in groups.values() for fut in futs]
                 for fut, answer in zip(futures, answers, strict=True):
-                    if not fut.done():
+                    if fut.done():
+                        continue
+                    if isinstance(answer, StorageError):
+                        fut.set_exception(answer)
+                    else:
                         fut.set_result(answer)
         finally:
             lane.in_flight -= 1

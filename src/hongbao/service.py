@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from hongbao.coalescer import Answer, GrabCoalescer
+from hongbao.coalescer import GrabCoalescer
 from hongbao.domain.ids import new_packet_id, require_user_id, valid_packet_id
 from hongbao.domain.models import (
     Claim,
@@ -45,7 +45,7 @@ from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import PacketRecord
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
-from hongbao.storage.redis import ClaimValue, LiveStatus
+from hongbao.storage.redis import Answer, ClaimValue, LiveStatus
 
 MAX_GREETING = 200
 _RECORD_CACHE = 10_000

@@ -57,17 +57,56 @@ async def test_light_load_sends_at_once(store: RedisStore) -> None:
     assert (coalescer.calls, coalescer.grabs) == (3, 3)
 
 
-async def test_a_failed_call_fails_only_its_callers(store: RedisStore) -> None:
+async def test_a_broken_packet_fails_only_its_grabbers(store: RedisStore) -> None:
     coalescer = GrabCoalescer(store, max_batch=64, max_in_flight=1)
     healthy = await load(store, 10)
     broken = await load(store, 10)
-    while broken.bucket == healthy.bucket:
-        broken = await load(store, 10)
-    await store.client.hset(broken.meta, "exp", "not-a-number")  # the script will raise
+    await store.client.hset(broken.meta, "exp", "not-a-number")  # unreadable packet data
     results = await asyncio.gather(
         *(coalescer.grab(healthy, f"h{i}") for i in range(5)),
         *(coalescer.grab(broken, f"b{i}") for i in range(5)),
         return_exceptions=True,
     )
+    assert coalescer.calls < 10  # the two packets shared calls
     assert all(r[0] is GrabStatus.GRANTED for r in results[:5])  # type: ignore[index]
     assert all(isinstance(r, StorageError) for r in results[5:])
+
+
+async def test_grants_before_an_unreadable_claim_still_reach_the_stream(
+    store: RedisStore,
+) -> None:
+    keys = await load(store, 5)
+    await store.client.hset(keys.claims, "z", "garbage")
+    answers = await store.grab_batch([(keys, ["a", "b", "z", "c"])])
+    assert [a[0] if isinstance(a, tuple) else "error" for a in answers] == [
+        GrabStatus.GRANTED,
+        GrabStatus.GRANTED,
+        "error",
+        "error",
+    ]
+    taken = [c for a in answers if isinstance(a, tuple) for c in [a[1]] if c is not None]
+    entries = await store.client.xrange(keys.events)
+    assert [f["c"] for _, f in entries] == [
+        "\n".join(f"{u} {c.encode()}" for u, c in zip("ab", taken, strict=True))
+    ]
+    status = await store.status(keys)
+    assert status is not None and status.shares_left == 3
+    assert status.amount_left == sum(10 + i for i in range(5)) - sum(c.amount for c in taken)
+
+
+async def test_a_failed_call_fails_its_callers_and_the_lane_goes_on(store: RedisStore) -> None:
+    keys = await load(store, 10)
+    coalescer = GrabCoalescer(store, max_batch=64, max_in_flight=2)
+    real_run = store._run
+
+    async def failing_run(*args: object) -> object:
+        raise StorageError("redis: connection lost")
+
+    store._run = failing_run  # type: ignore[method-assign]
+    results = await asyncio.gather(
+        *(coalescer.grab(keys, f"u{i}") for i in range(6)), return_exceptions=True
+    )
+    assert all(isinstance(r, StorageError) for r in results)
+    store._run = real_run  # type: ignore[method-assign]
+    assert (await coalescer.grab(keys, "after"))[0] is GrabStatus.GRANTED
+    assert all(lane.in_flight == 0 for lane in coalescer._lanes.values())

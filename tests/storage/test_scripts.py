@@ -116,13 +116,23 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
     ]
 
 
-async def test_grab_batch_refuses_mixed_buckets(store: RedisStore) -> None:
-    first = store.keys(new_packet_id())
+async def test_grab_batch_spans_buckets_on_one_server(store: RedisStore) -> None:
+    first = await load(store, [5])
     other = next(
         k for k in (store.keys(new_packet_id()) for _ in range(100)) if k.bucket != first.bucket
     )
-    with pytest.raises(ValueError, match="one bucket"):
-        await store.grab_batch([(first, ["u"]), (other, ["u"])])
+    await store.load_packet(
+        other, expires_at_ms=now_ms() + 60_000, keep_until_ms=now_ms() + 120_000, shares=[(0, 7)]
+    )
+    answers = await store.grab_batch([(first, ["u"]), (other, ["u"])])
+    assert [(s, c and c.amount) for s, c in answers] == [
+        (GrabStatus.GRANTED, 5),
+        (GrabStatus.GRANTED, 7),
+    ]
+    # each grant went to its own bucket's stream
+    for keys in (first, other):
+        entries = await store.client.xrange(keys.events)
+        assert [f["p"] for _, f in entries] == [keys.packet_id]
 
 
 async def test_close_refunds_once_and_remembers(store: RedisStore) -> None:

@@ -25,6 +25,8 @@ RedisClient = aioredis.Redis | RedisCluster
 
 #: GrabStatus by script return code, without an Enum call per grab
 _STATUSES = tuple(GrabStatus)
+#: grab_batch.lua's code for a grab of a packet whose keys it could not read
+UNREADABLE = len(_STATUSES)
 
 
 @functools.lru_cache(maxsize=65_536)
@@ -59,6 +61,10 @@ class ClaimValue(NamedTuple):
 
     def encode(self) -> str:
         return f"{self.seq}:{self.amount}:{self.claimed_at_ms}"
+
+
+#: one grab's outcome: its status and, when the user holds a share, the claim
+Answer = tuple[GrabStatus, ClaimValue | None]
 
 
 def grants_in(fields: dict[str, str]) -> list[tuple[str, ClaimValue]]:
@@ -166,25 +172,30 @@ class RedisStore:
 
     async def grab_batch(
         self, groups: Sequence[tuple[PacketKeys, Sequence[str]]]
-    ) -> list[tuple[GrabStatus, ClaimValue | None]]:
-        """Grabs of (packet, users in order) groups, all of one bucket; answers in the
-        order of the groups and of the users in each (user ids hold no spaces)."""
-        stream = groups[0][0].events
-        keys = [stream]
+    ) -> list[Answer | StorageError]:
+        """Grabs of (packet, users in order) groups; answers in the order of the groups and
+        of the users in each (user ids hold no spaces). On a cluster, one bucket only.
+        A packet whose data Redis cannot read answers its own grabs with a StorageError."""
+        bucket = groups[0][0].bucket
+        keys: list[str] = []
         args: list[str] = []
         for packet, users in groups:
-            if packet.events != stream:
-                raise ValueError("a grab batch must stay inside one bucket")
-            keys += (packet.meta, packet.shares, packet.claims)
+            if self.cluster and packet.bucket != bucket:
+                raise ValueError("a grab batch must stay inside one bucket on a cluster")
+            keys += (packet.events, packet.meta, packet.shares, packet.claims)
             args += (packet.packet_id, " ".join(users))
         flat = await self._run(self.lua_grab_batch, keys, args)
         statuses = _STATUSES
-        return [
-            (statuses[flat[i]], ClaimValue(flat[i + 1], flat[i + 2], flat[i + 3]))
-            if flat[i + 1]
-            else (statuses[flat[i]], None)
-            for i in range(0, len(flat), 4)
-        ]
+        answers: list[Answer | StorageError] = []
+        for i in range(0, len(flat), 4):
+            status, seq = flat[i], flat[i + 1]
+            if seq:
+                answers.append((statuses[status], ClaimValue(seq, flat[i + 2], flat[i + 3])))
+            elif status == UNREADABLE:
+                answers.append(StorageError("redis: the packet's data there is unreadable"))
+            else:
+                answers.append((statuses[status], None))
+        return answers
 
     async def close_packet(
         self, keys: PacketKeys, sender_id: str, retention_ms: int
