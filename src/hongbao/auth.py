@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -152,7 +153,9 @@ def secret_from_env_or_dir(env_value: str | None, data_dir: Path | None) -> byte
 # -- internals ---------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8)
 def _key(secret: bytes) -> hmac.HMAC:
+    """The keyed HMAC, set up once per secret; callers use a copy() and never update it."""
     if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
         raise ConfigurationError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
     return hmac.new(secret, digestmod=hashlib.sha256)

@@ -36,6 +36,7 @@ GRAB_OUTCOMES = (
     "invalid",
     "unauthorized",
     "error",
+    "rate_limited",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -52,8 +53,8 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        for outcome in GRAB_OUTCOMES:
-            self.grabs.labels(outcome)
+        #: the counter of each outcome, looked up once (labels() takes a lock each call)
+        self.grab_outcomes = {outcome: self.grabs.labels(outcome) for outcome in GRAB_OUTCOMES}
         self.grab_seconds = Histogram(
             "hongbao_grab_seconds",
             "Time spent answering a grab request, seconds.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ async def running_service(settings: Settings, *, workers: bool) -> AsyncIterator
             ]
             for task in runtime.tasks:
                 task.add_done_callback(_report_crash)
+        settle_heap()
         yield runtime
     finally:
         runtime.stop.set()
@@ -73,6 +75,18 @@ async def running_service(settings: Settings, *, workers: bool) -> AsyncIterator
                 task.cancel()
             await asyncio.gather(*runtime.tasks, return_exceptions=True)
         await service.aclose()
+
+
+def settle_heap() -> None:
+    """Move everything alive now (modules, app, connections) out of the collector's sight.
+
+    A full collection walks every tracked object: with SQLAlchemy, pydantic, Starlette
+    and redis-py loaded that took ~65 ms here, several times a minute under load, and set
+    the p99 of grab requests (79 ms; 24 ms with the startup heap frozen). Objects made
+    later are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

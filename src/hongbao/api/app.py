@@ -51,7 +51,7 @@ def create_app(
                 api.runtime = None
 
     app = Starlette(
-        routes=[*web.routes(), *api.routes()],
+        routes=[*api.routes(), *web.routes()],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

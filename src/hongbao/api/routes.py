@@ -69,11 +69,12 @@ class Api:
 
     def routes(self) -> list[Route]:
         return [
+            # the hot path first: a request is matched against the routes in order
+            Route("/v1/packets/{packet_id}/grab", self.grab, methods=["POST"]),
             Route("/v1/wallets/{user_id}/deposits", self.deposit, methods=["POST"]),
             Route("/v1/wallets/{user_id}", self.wallet, methods=["GET"]),
             Route("/v1/packets", self.send, methods=["POST"]),
             Route("/v1/packets/{packet_id}", self.packet, methods=["GET"]),
-            Route("/v1/packets/{packet_id}/grab", self.grab, methods=["POST"]),
             Route("/v1/packets/{packet_id}/claims", self.claims, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -135,10 +136,10 @@ class Api:
             await self.limit(request, "grab", caller.user_id)
             result = await self.service.grab(request.path_params["packet_id"], caller.user_id)
         except HongbaoError as exc:
-            metrics.grabs.labels(_outcome(exc)).inc()
+            metrics.grab_outcomes[_outcome(exc)].inc()
             metrics.grab_seconds.observe(time.perf_counter() - started)
             return domain_problem(exc)
-        metrics.grabs.labels("granted" if result.first else "repeat").inc()
+        metrics.grab_outcomes["granted" if result.first else "repeat"].inc()
         metrics.grab_seconds.observe(time.perf_counter() - started)
         return JSONResponse(grab_json(result))
 
@@ -159,7 +160,7 @@ class Api:
             await self._limiter.check(action, user_id, ip)
         except RateLimited as exc:
             if action == "grab":
-                self.metrics.grabs.labels("rate_limited").inc()
+                self.metrics.grab_outcomes["rate_limited"].inc()
             raise ApiError(
                 429, "rate_limited", str(exc), headers={"Retry-After": exc.retry_after_header}
             ) from None

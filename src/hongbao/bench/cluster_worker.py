@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hongbao.errors import HongbaoError, PacketExhausted, PacketExpired, PacketNotFound
+from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 
@@ -52,6 +53,7 @@ async def run(job: Job) -> dict[str, Any]:
     service = await Hongbao.connect(settings)
     try:
         await asyncio.gather(*(service.store.client.ping() for _ in range(64)))
+        settle_heap()  # as `hongbao serve` does after startup
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         answers: list[tuple[int, int | None, float]] = []

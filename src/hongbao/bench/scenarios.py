@@ -67,6 +67,7 @@ from hongbao.errors import (
     PacketExpired,
     PacketNotFound,
 )
+from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 
@@ -524,6 +525,7 @@ async def _hongbao_run(
                     failures.append(f"{type(exc).__name__}: {exc}")
                 append((k + 1, won, clock() - started))
 
+        settle_heap()  # as `hongbao serve` does after startup
         meter, t0 = CpuMeter(admin), clock()
         await asyncio.gather(*(grabber() for _ in range(p.hb_tasks)))
         seconds = clock() - t0
