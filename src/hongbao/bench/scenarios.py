@@ -492,7 +492,8 @@ async def _hongbao_run(
     p = ctx.profile
     if per_packet is None:
         per_packet = p.hb_shares if coalesce else p.nocoalesce_shares
-    settings = ctx.settings(coalesce_max_batch=64 if coalesce else 1, ack_mode=ack_mode)
+    overrides: dict[str, Any] = {} if coalesce else {"coalesce_max_batch": 1}
+    settings = ctx.settings(ack_mode=ack_mode, **overrides)
     service = await Hongbao.connect(settings, migrate=True)
     admin = ctx.admin()
     try:
