@@ -8,6 +8,7 @@ a crash between the two steps, or a Redis that lost its data, heals itself.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
@@ -68,6 +69,7 @@ class Hongbao:
         #: pass a seeded Random to reproduce splits
         self.rng = rng
         self._records: OrderedDict[str, PacketRecord] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[bool]] = {}
         self.coalescer = (
             GrabCoalescer(store, settings.coalesce_max_batch, settings.coalesce_max_in_flight)
             if settings.coalesce_max_batch > 1
@@ -281,7 +283,18 @@ class Hongbao:
 
         Only unclaimed shares are loaded, and earlier claims come along so their
         owners keep their answer. Returns True if the packet is in Redis now.
+        Concurrent callers for one packet share one load: after a Redis loss a storm
+        on a hot packet would otherwise read its shares from SQL once per grabber.
         """
+        loading = self._loading.get(packet_id)
+        if loading is None:
+            loading = asyncio.create_task(self._load_from_ledger(packet_id))
+            self._loading[packet_id] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(packet_id, None))
+        # shielded: a caller that gives up does not cancel the load for the others
+        return await asyncio.shield(loading)
+
+    async def _load_from_ledger(self, packet_id: str) -> bool:
         record = await self.ledger.get_packet(packet_id)
         if record is None or record.status != PacketStatus.ACTIVE or record.closed_at:
             return False

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from hongbao.domain.models import PacketStatus, SplitMode
+from hongbao.domain.models import GrabResult, PacketStatus, SplitMode
 from hongbao.errors import (
     IdempotencyConflict,
     InsufficientBalance,
@@ -144,6 +145,37 @@ async def test_packet_written_but_not_loaded_heals_on_grab(service: Hongbao) -> 
     got = await service.grab(packet.id, "u")
     assert got.first and got.amount > 0
     assert (await service.packet(packet.id)).remaining_count == 1
+
+
+async def test_a_storm_on_a_lost_packet_loads_it_from_the_ledger_once(
+    service: Hongbao, persister: Persister
+) -> None:
+    await service.deposit("s", 10_000)
+    packet = await service.send("s", 1_000, 50)
+    early = [await service.grab(packet.id, f"early{i}") for i in range(10)]
+    await asyncio.wait_for(persister.drain(), 20)
+    await service.store.forget_packet(service.store.keys(packet.id))  # Redis lost it
+    loads = 0
+    real_load = service._load
+
+    async def counted_load(*args: Any) -> bool:
+        nonlocal loads
+        loads += 1
+        return await real_load(*args)
+
+    service._load = counted_load  # type: ignore[method-assign]
+    late = await asyncio.gather(
+        *(service.grab(packet.id, f"late{i}") for i in range(60)),
+        *(service.grab(packet.id, f"early{i}") for i in range(10)),
+        return_exceptions=True,
+    )
+    assert loads == 1
+    winners = [g for g in late[:60] if isinstance(g, GrabResult)]
+    assert len(winners) == 40  # 50 shares, 10 taken before the loss
+    assert all(isinstance(g, PacketExhausted) for g in late[:60] if not isinstance(g, GrabResult))
+    # the early grabbers get their first claim back, not a new share
+    assert [(g.seq, g.amount) for g in late[60:]] == [(g.seq, g.amount) for g in early]  # type: ignore[union-attr]
+    assert not service._loading
 
 
 async def test_grant_entry_with_a_bad_line_parks_only_with_its_reason(
