@@ -63,7 +63,8 @@ class Metrics:
         )
         self.backlog = Gauge(
             "hongbao_persister_backlog",
-            "Events in the bucket streams not yet applied to the ledger.",
+            "Entries in the bucket streams not yet applied to the ledger (a grant entry "
+            "holds the grants of one packet in one coalesced call).",
             registry=self.registry,
         )
         self.dead_letters = Gauge(
