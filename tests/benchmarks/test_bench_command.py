@@ -62,3 +62,24 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
     assert {t["name"] for t in data["targets"]} >= {"hongbao / seed-baseline"}
     assert plot.stat().st_size > 0
     assert "| scenario |" in markdown.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_bench_rounds_report_the_median_of_interleaved_runs(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = ["bench", "--size", "tiny", "--scenarios", "hongbao,memory", "--rounds", "3"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["rounds"] == 3 and "--rounds 3" in data["command"]
+    rows = {row["scenario"]: row for row in data["scenarios"]}
+    assert set(rows) == {"hongbao", "memory"}  # one row per scenario, not per round
+    rates = rows["hongbao"]["figures"]["rounds_grabs_per_second"]
+    assert len(rates) == 3
+    assert rows["hongbao"]["grabs_per_second"] == sorted(rates)[1]
+    assert "rounds_grabs_per_second" not in rows["memory"]["figures"]  # no rate to pick by
+
+
+def test_bench_rounds_must_be_positive() -> None:
+    result = CliRunner().invoke(app, ["bench", "--rounds", "0"])
+    assert result.exit_code == 2 and "--rounds" in result.output

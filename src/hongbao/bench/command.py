@@ -55,6 +55,15 @@ def bench(
         Path | None,
         typer.Option("--markdown", help="Write the table and targets as Markdown."),
     ] = None,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            min=1,
+            help="Run the scenarios this many times, interleaved, and report each at its "
+            "median rate (a shared machine's speed drifts between minutes).",
+        ),
+    ] = 1,
     redis_url: Annotated[
         str | None,
         typer.Option(
@@ -90,6 +99,7 @@ def bench(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hongbao.bench import report
+    from hongbao.bench.rounds import combine
     from hongbao.bench.scenarios import (
         RUNNERS,
         SCENARIOS,
@@ -113,7 +123,7 @@ def bench(
         if unknown:
             fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
     command = _command_line(
-        quick, size, scenarios, json_file, plot, markdown, redis_url, database_url
+        quick, size, scenarios, rounds, json_file, plot, markdown, redis_url, database_url
     )
     started = time.perf_counter()
     load_before = os.getloadavg()
@@ -141,28 +151,36 @@ def bench(
             )
 
             async def run_all() -> None:
-                task = progress.add_task("", total=len(chosen), scenario="")
+                task = progress.add_task("", total=len(chosen) * rounds, scenario="")
                 ctx.say = lambda text: progress.update(task, description=text)
-                for name in chosen:
-                    progress.update(task, scenario=name, description="")
-                    began = time.perf_counter()
-                    try:
-                        outcomes.extend(await RUNNERS[name](ctx))
-                    except Exception as exc:
-                        outcomes.append(
-                            Outcome(name, name, "error", note=f"{type(exc).__name__}: {exc}"[:400])
+                for round_ in range(rounds):
+                    this_round: list[Outcome] = []
+                    for name in chosen:
+                        label = name if rounds == 1 else f"{name} ({round_ + 1}/{rounds})"
+                        progress.update(task, scenario=label, description="")
+                        began = time.perf_counter()
+                        try:
+                            this_round.extend(await RUNNERS[name](ctx))
+                        except Exception as exc:
+                            note = f"{type(exc).__name__}: {exc}"[:400]
+                            this_round.append(Outcome(name, name, "error", note=note))
+                        timings[name] = round(
+                            timings.get(name, 0.0) + time.perf_counter() - began, 1
                         )
-                    timings[name] = round(time.perf_counter() - began, 1)
-                    progress.advance(task)
+                        progress.advance(task)
+                    by_round.append(this_round)
                 progress.update(task, scenario="done", description="")
 
+            by_round: list[list[Outcome]] = []
             with progress:
                 run_async(run_all())
+            outcomes.extend(combine(by_round))
     meta: dict[str, Any] = {
         "command": command,
         "profile": profile.name,
         "profile_settings": profile.__dict__,
         "scenarios_run": chosen,
+        "rounds": rounds,
         "seconds": round(time.perf_counter() - started, 1),
         "seconds_per_scenario": timings,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -211,6 +229,7 @@ def _command_line(
     quick: bool,
     size: str | None,
     scenarios: str | None,
+    rounds: int,
     json_file: Path | None,
     plot: Path | None,
     markdown: Path | None,
@@ -223,6 +242,7 @@ def _command_line(
     for flag, value in (
         ("--size", size),
         ("--scenarios", scenarios),
+        ("--rounds", rounds if rounds > 1 else None),
         ("--json", json_file),
         ("--plot", plot),
         ("--markdown", markdown),

@@ -169,6 +169,9 @@ def _headline(o: Outcome) -> str:
         )
     if "other_cpu_pct" in f:
         bits.append(f"other processes {f['other_cpu_pct']}%")
+    if f.get("rounds_grabs_per_second"):
+        rates = " / ".join(_num(r) for r in f["rounds_grabs_per_second"])
+        bits.append(f"rounds {rates} grabs/s (median shown)")
     if "grabs_per_call" in f:
         bits.append(f"{f['grabs_per_call']} grabs/call")
     if "of_hello_world_pct" in f:
@@ -380,7 +383,9 @@ def markdown(outcomes: Sequence[Outcome], meta: dict[str, Any]) -> str:
     lines += [
         "",
         f"Peak RSS of the bench process: {meta.get('peak_rss_mb', 0):.0f} MB. "
-        f"Profile `{meta.get('profile')}`, {meta.get('finished_at', '')}, "
+        f"Profile `{meta.get('profile')}`"
+        + (f", median of {meta['rounds']} interleaved rounds" if meta.get("rounds", 1) > 1 else "")
+        + f", {meta.get('finished_at', '')}, "
         f"{machine()['cpus']} CPUs, Python {machine()['python']}; load average "
         f"{_load(meta.get('load_average_before'))} before, "
         f"{_load(meta.get('load_average_after'))} after (other work on the machine "
