@@ -13,12 +13,11 @@ import asyncio
 import json
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hongbao.errors import HongbaoError, PacketExhausted, PacketExpired, PacketNotFound
+from hongbao.bench.harness import engine_storm, grabs_per_call
 from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
@@ -53,51 +52,26 @@ async def run(job: Job) -> dict[str, Any]:
     service = await Hongbao.connect(settings)
     try:
         await asyncio.gather(*(service.store.client.ping() for _ in range(64)))
+        names = [user_name(job.first_user + k) for k in range(job.grabs)]
         settle_heap()  # as `hongbao serve` does after startup
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        answers: list[tuple[int, int | None, float]] = []
-        refusals: Counter[str] = Counter()
-        failures: list[str] = []
-        queue = iter(range(job.grabs))
         clock = time.perf_counter
-
-        async def grabber() -> None:
-            for k in queue:
-                user = job.first_user + k
-                started = clock()
-                won: int | None = None
-                try:
-                    won = (
-                        await service.grab(job.packets[k % len(job.packets)], user_name(user))
-                    ).amount
-                except (PacketExhausted, PacketExpired, PacketNotFound) as exc:
-                    refusals[type(exc).__name__] += 1
-                except HongbaoError as exc:  # StorageError...: a failure, not a refusal
-                    refusals[type(exc).__name__] += 1
-                    failures.append(f"{type(exc).__name__}: {exc}")
-                answers.append((user, won, clock() - started))
-
         cpu0, t0, began = time.process_time(), clock(), time.time()
-        await asyncio.gather(*(grabber() for _ in range(job.tasks)))
+        storm = await engine_storm(service, job.packets, names, job.first_user, job.tasks)
         seconds, cpu, ended = clock() - t0, time.process_time() - cpu0, time.time()
         print("finished", flush=True)  # the parent reads the servers' CPU now
-        coalescer = service.coalescer
         return {
-            "answers": answers,
+            "answers": storm.answers,
             "seconds": seconds,
             # wall-clock times, comparable between the workers of one run
             "began": began,
             "ended": ended,
             "client_cpu_seconds": cpu,
-            "refusals": dict(refusals),
-            "failures": len(failures),
-            "first_error": failures[0] if failures else None,
-            "grabs_per_call": (
-                round(coalescer.grabs / coalescer.calls, 1)
-                if coalescer is not None and coalescer.calls
-                else None
-            ),
+            "refusals": dict(storm.refusals),
+            "failures": len(storm.failures),
+            "first_error": storm.failures[0] if storm.failures else None,
+            "grabs_per_call": grabs_per_call(service),
         }
     finally:
         await service.aclose()

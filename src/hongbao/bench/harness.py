@@ -27,12 +27,17 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
 from hongbao.bench.results import ScenarioResult
+from hongbao.errors import HongbaoError, PacketExhausted, PacketExpired, PacketNotFound
+
+if TYPE_CHECKING:
+    from hongbao.service import Hongbao
 
 #: one grab: (user id, amount or None, latency in seconds)
 Answer = tuple[int, int | None, float]
@@ -128,6 +133,52 @@ async def _grab_async(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return answers
+
+
+@dataclass
+class Storm:
+    """What a storm of `Hongbao.grab` calls got back."""
+
+    answers: list[Answer] = field(default_factory=list)
+    #: refusals and failures by exception name
+    refusals: Counter[str] = field(default_factory=Counter)
+    #: "Name: message" of each failure (StorageError...), which is not a refusal
+    failures: list[str] = field(default_factory=list)
+
+
+async def engine_storm(
+    service: Hongbao, packet_ids: Sequence[str], names: Sequence[str], first_id: int, tasks: int
+) -> Storm:
+    """Grab k = 0 .. len(names)-1 by `tasks` concurrent grabbers: user names[k] (id
+    first_id + k) grabs packet_ids[k % len(packet_ids)], each grab timed."""
+    storm = Storm()
+    queue = iter(range(len(names)))
+    clock = time.perf_counter
+
+    async def grabber() -> None:
+        grab, append = service.grab, storm.answers.append
+        for k in queue:
+            started = clock()
+            won: int | None = None
+            try:
+                won = (await grab(packet_ids[k % len(packet_ids)], names[k])).amount
+            except (PacketExhausted, PacketExpired, PacketNotFound) as exc:
+                storm.refusals[type(exc).__name__] += 1
+            except HongbaoError as exc:  # StorageError...: a failure, not a refusal
+                storm.refusals[type(exc).__name__] += 1
+                storm.failures.append(f"{type(exc).__name__}: {exc}")
+            append((first_id + k, won, clock() - started))
+
+    await asyncio.gather(*(grabber() for _ in range(tasks)))
+    return storm
+
+
+def grabs_per_call(service: Hongbao) -> float | None:
+    """How many grabs rode in each coalesced script call (None without coalescing)."""
+    coalescer = service.coalescer
+    if coalescer is None or not coalescer.calls:
+        return None
+    return round(coalescer.grabs / coalescer.calls, 1)
 
 
 def _grab_threads(

@@ -53,6 +53,8 @@ from hongbao.bench.cluster import (
 from hongbao.bench.harness import (
     Design,
     account,
+    engine_storm,
+    grabs_per_call,
     percentile_ms,
     run_scenario,
     run_seed_baseline,
@@ -62,10 +64,6 @@ from hongbao.bench.results import ScenarioResult
 from hongbao.domain.splitting import SplitLimits
 from hongbao.errors import (
     ConfigurationError,
-    HongbaoError,
-    PacketExhausted,
-    PacketExpired,
-    PacketNotFound,
 )
 from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
@@ -503,51 +501,30 @@ async def _hongbao_run(
         n = p.hb_packets * per_packet
         users = [f"u{k}" for k in range(1, n + 1)]
         user_ids = {u: k for k, u in enumerate(users, start=1)}
-        answers: list[tuple[int, int | None, float]] = []
-        errors: Counter[str] = Counter()
-        failures: list[str] = []
         clock = time.perf_counter
-        queue = iter(range(n))
         await asyncio.gather(*(service.store.client.ping() for _ in range(64)))
         ctx.say(f"{n:,} grabs by {p.hb_tasks:,} tasks")
-
-        async def grabber() -> None:
-            grab, append = service.grab, answers.append
-            for k in queue:
-                started = clock()
-                try:
-                    won: int | None = (await grab(packet_ids[k % len(packet_ids)], users[k])).amount
-                except (PacketExhausted, PacketExpired, PacketNotFound) as exc:
-                    won = None
-                    errors[type(exc).__name__] += 1
-                except HongbaoError as exc:  # StorageError...: a failure, not a refusal
-                    won = None
-                    errors[type(exc).__name__] += 1
-                    failures.append(f"{type(exc).__name__}: {exc}")
-                append((k + 1, won, clock() - started))
-
         settle_heap()  # as `hongbao serve` does after startup
         meter, t0 = CpuMeter(admin), clock()
-        await asyncio.gather(*(grabber() for _ in range(p.hb_tasks)))
+        storm = await engine_storm(service, packet_ids, users, 1, p.hb_tasks)
         seconds = clock() - t0
         cpu = meter.stop(seconds, ops=n)
         claims, leftover, problems = await audit_packets(service, shares, user_ids)
         await forget_packets(service, shares)
-        coalescer = service.coalescer
         figures: dict[str, Any] = {**cpu, "tasks": p.hb_tasks}
-        if coalescer is not None and coalescer.calls:
-            figures["grabs_per_call"] = round(coalescer.grabs / coalescer.calls, 1)
+        if (per_call := grabs_per_call(service)) is not None:
+            figures["grabs_per_call"] = per_call
         result = account(
             name=name,
             backend="redis",
             shares=[a for amounts in shares.values() for a in amounts],
-            answers=answers,
+            answers=storm.answers,
             seconds=seconds,
             claims=claims,
             leftover=leftover,
-            extra={**figures, "packets": p.hb_packets, "refusals": dict(errors)},
-            errors=len(failures),
-            first_error=failures[0] if failures else None,
+            extra={**figures, "packets": p.hb_packets, "refusals": dict(storm.refusals)},
+            errors=len(storm.failures),
+            first_error=storm.failures[0] if storm.failures else None,
         )
     finally:
         admin.close()
