@@ -118,10 +118,8 @@ class RedisClusterStore(RedisStore):
 
         return await self._call(run())
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
-        return await self._call(self._eval(script, keys, args))
-
-    async def _eval(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def _evalsha(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """On NOSCRIPT, EVAL on that node only (see the module's docstring)."""
         try:
             return await self.client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
