@@ -360,19 +360,17 @@ class RedisNode(_StopsOnExit):
                 extra_args=tuple(extra_args),
             ),
         )
-        self._spawn()
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.kill9()
-            raise
-        return self
+        return self._spawn_ready(timeout)
 
     def restart(self, *, timeout: float = 10.0) -> Self:
         """Stop (if running) and start again with the same port, dir and options."""
         if self._args is None:
             raise RuntimeError("restart() before start()")
         self.stop()
+        return self._spawn_ready(timeout)
+
+    def _spawn_ready(self, timeout: float) -> Self:
+        """Spawn the server and wait until it answers; kill it if it never does."""
         self._spawn()
         try:
             self.wait_ready(timeout)
