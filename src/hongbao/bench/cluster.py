@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from hongbao.bench.harness import stop_process
 from hongbao.keys import events_key
 from hongbao.storage import _hosts
 
@@ -121,12 +122,7 @@ def single_server(executable: str, appendonly: str, work: Path, port: int) -> It
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15)
 
 
 #: scenarios that need one server: shown as skipped on a cluster, with the reason

@@ -22,6 +22,7 @@ import inspect
 import json
 import math
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -179,6 +180,18 @@ def grabs_per_call(service: Hongbao) -> float | None:
     if coalescer is None or not coalescer.calls:
         return None
     return round(coalescer.grabs / coalescer.calls, 1)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Ask a child server to stop (SIGTERM); kill it if it is still there after `timeout`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _grab_threads(

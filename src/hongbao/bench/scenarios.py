@@ -58,6 +58,7 @@ from hongbao.bench.harness import (
     percentile_ms,
     run_scenario,
     run_seed_baseline,
+    stop_process,
 )
 from hongbao.bench.harness import seed002_script as _seed002_script
 from hongbao.bench.results import ScenarioResult
@@ -639,13 +640,7 @@ def _server(args: list[str], env: dict[str, str], port: int, path: str, log: Pat
             _wait_http(port, proc, path, log, HTTP_WORKERS)
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, 30)
 
 
 def _wrk(
