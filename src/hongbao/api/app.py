@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from hongbao.api.errors import EXCEPTION_HANDLERS
+from hongbao.api.fastpath import GrabFastPath
 from hongbao.api.openapi import build_openapi
 from hongbao.api.routes import Api
 from hongbao.auth import secret_from_env_or_dir
@@ -52,6 +54,7 @@ def create_app(
 
     app = Starlette(
         routes=[*api.routes(), *web.routes()],
+        middleware=[Middleware(GrabFastPath, api=api)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

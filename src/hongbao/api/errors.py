@@ -137,9 +137,13 @@ async def on_hongbao_error(request: Request, exc: Exception) -> Response:
     return domain_problem(exc)
 
 
+def api_problem(exc: ApiError) -> Response:
+    return problem(exc.status, exc.code, exc.detail, field=exc.field, headers=exc.headers)
+
+
 async def on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return problem(exc.status, exc.code, exc.detail, field=exc.field, headers=exc.headers)
+    return api_problem(exc)
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:

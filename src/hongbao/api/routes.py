@@ -12,13 +12,21 @@ import re
 import time
 from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hongbao.api.errors import ApiError, domain_problem, forbidden, invalid, problem
+from hongbao.api.errors import (
+    ApiError,
+    api_problem,
+    domain_problem,
+    forbidden,
+    invalid,
+    problem,
+)
 from hongbao.api.schemas import (
     DepositRequest,
     SendRequest,
@@ -108,7 +116,7 @@ class Api:
 
     async def send(self, request: Request) -> Response:
         caller = self.caller(request)
-        await self.limit(request, "send", caller.user_id)
+        await self.limit(_client_ip(request), "send", caller.user_id)
         key = _idempotency_key(request)
         body = await read_json(request, SendRequest)
         packet = await self.service.send(
@@ -128,34 +136,45 @@ class Api:
         return JSONResponse(packet_json(packet))
 
     async def grab(self, request: Request) -> Response:
+        """The route; `GrabFastPath` answers these requests before routing (same code below)."""
+        return await self.grab_response(
+            request.path_params["packet_id"],
+            request.headers.get("authorization"),
+            _client_ip(request),
+        )
+
+    async def grab_response(
+        self, packet_id: str, authorization: str | None, client_ip: str | None
+    ) -> Response:
         """The hot path: one HMAC check and one Redis script; no SQL on success."""
         started = time.perf_counter()
         metrics = self.metrics
         try:
-            caller = self.caller(request)
-            await self.limit(request, "grab", caller.user_id)
-            result = await self.service.grab(request.path_params["packet_id"], caller.user_id)
+            caller = verify_token(self.secret, bearer_token(authorization))
+            await self.limit(client_ip, "grab", caller.user_id)
+            result = await self.service.grab(packet_id, caller.user_id)
         except HongbaoError as exc:
             metrics.grab_outcomes[_outcome(exc)].inc()
             metrics.grab_seconds.observe(time.perf_counter() - started)
             return domain_problem(exc)
+        except ApiError as exc:  # 429 from the rate limit (counted there)
+            return api_problem(exc)
         metrics.grab_outcomes["granted" if result.first else "repeat"].inc()
         metrics.grab_seconds.observe(time.perf_counter() - started)
-        return JSONResponse(grab_json(result))
+        return Response(orjson.dumps(grab_json(result)), media_type="application/json")
 
     async def claims(self, request: Request) -> Response:
         self.caller(request)
         claims = await self.service.claims(request.path_params["packet_id"])
         return JSONResponse(claims_json(claims))
 
-    async def limit(self, request: Request, action: str, user_id: str) -> None:
+    async def limit(self, ip: str | None, action: str, user_id: str) -> None:
         """429 with Retry-After when the user or the client IP is over its rate."""
         if self.settings.rate_limit_user <= 0 and self.settings.rate_limit_ip <= 0:
             return
         store = self.service.store
         if self._limiter is None or self._limiter.store is not store:
             self._limiter = RateLimiter(store, self.settings)
-        ip = request.client.host if request.client else None
         try:
             await self._limiter.check(action, user_id, ip)
         except RateLimited as exc:
@@ -255,6 +274,10 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     if kind == "string_type":
         return field, f"{field} must be a string"
     return field, f"{field}: {error['msg']}"
+
+
+def _client_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
 
 
 def _outcome(exc: HongbaoError) -> str:

@@ -1,0 +1,52 @@
+"""`POST /v1/packets/{packet_id}/grab` answered before Starlette's routing.
+
+A grab is the one request that comes in storms, and every await in it resumes through
+each ASGI layer above it. This middleware sits right under Starlette's error middleware
+(so an unexpected error still becomes the 500 problem document) and hands the grab
+straight to `Api.grab_response`, the same code the routed endpoint runs. Everything
+else, and any path it does not recognise exactly, goes on to the router unchanged.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hongbao.api.routes import Api
+
+_PREFIX = "/v1/packets/"
+_SUFFIX = "/grab"
+
+
+class GrabFastPath:
+    def __init__(self, app: ASGIApp, api: Api) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        packet_id = _grab_target(scope)
+        if packet_id is None:
+            await self.app(scope, receive, send)
+            return
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":  # the first one, as Starlette's headers.get
+                authorization = value.decode("latin-1")
+                break
+        client = scope.get("client")
+        response = await self.api.grab_response(
+            packet_id, authorization, client[0] if client else None
+        )
+        await response(scope, receive, send)
+
+
+def _grab_target(scope: Scope) -> str | None:
+    """The packet id of a grab request, or None for anything the router should see."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path: str = scope["path"]
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    packet_id = path[len(_PREFIX) : -len(_SUFFIX)]
+    if not packet_id or "/" in packet_id:
+        return None  # the router's {packet_id} matches one non-empty path segment
+    return packet_id

@@ -1,0 +1,85 @@
+"""The grab fast path answers exactly as the routed endpoint, and leaves other requests alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from hongbao.api.fastpath import _grab_target
+from tests.api.conftest import BASE, bearer
+from tests.api.test_api import deposit, send
+
+
+@pytest.fixture
+async def routed(app: Starlette) -> Any:
+    """A client of the router alone: no middleware, so grabs take the Starlette route."""
+    transport = httpx.ASGITransport(app=app.router)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as c:
+        yield c
+
+
+def _same(fast: httpx.Response, slow: httpx.Response) -> None:
+    assert fast.status_code == slow.status_code
+    assert fast.headers["content-type"] == slow.headers["content-type"]
+    assert fast.headers.get("www-authenticate") == slow.headers.get("www-authenticate")
+    assert fast.json() == slow.json()
+
+
+async def test_fast_and_routed_grabs_answer_alike(
+    client: httpx.AsyncClient, routed: httpx.AsyncClient
+) -> None:
+    await deposit(client, "alice", 1_000)
+    packet = await send(client, "alice", total_amount=300, count=2)
+    grab = f"/v1/packets/{packet['id']}/grab"
+
+    first = await client.post(grab, headers=bearer("u1"))
+    assert first.status_code == 200 and first.json()["first"] is True
+    # the same user again, through each path: the same share, first = false
+    _same(
+        await client.post(grab, headers=bearer("u1")), await routed.post(grab, headers=bearer("u1"))
+    )
+    # refusals: no token, a forged one, an unknown packet, a malformed id
+    _same(await client.post(grab), await routed.post(grab))
+    forged = {"Authorization": "Bearer v1.e30.AAAA"}
+    _same(await client.post(grab, headers=forged), await routed.post(grab, headers=forged))
+    for pid in ("0" * 26, "not-an-id"):
+        path = f"/v1/packets/{pid}/grab"
+        _same(
+            await client.post(path, headers=bearer("u2")),
+            await routed.post(path, headers=bearer("u2")),
+        )
+    # the last share through the router, then exhaustion through both
+    assert (await routed.post(grab, headers=bearer("u2"))).status_code == 200
+    _same(
+        await client.post(grab, headers=bearer("u3")), await routed.post(grab, headers=bearer("u3"))
+    )
+
+
+async def test_other_requests_on_grab_like_paths_reach_the_router(
+    client: httpx.AsyncClient,
+) -> None:
+    packet_path = "/v1/packets/" + "0" * 26
+    r = await client.get(packet_path + "/grab", headers=bearer("u1"))
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+    for path in ("/v1/packets//grab", f"{packet_path}/x/grab"):
+        r = await client.post(path, headers=bearer("u1"))
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "root_path", "target"),
+    [
+        ("POST", "/v1/packets/abc/grab", "", "abc"),
+        ("GET", "/v1/packets/abc/grab", "", None),
+        ("POST", "/v1/packets//grab", "", None),
+        ("POST", "/v1/packets/a/b/grab", "", None),
+        ("POST", "/v1/packets/abc/grab/", "", None),
+        ("POST", "/v1/packets/abc/grab", "/api", None),  # mounted: the router strips it
+    ],
+)
+def test_grab_target(method: str, path: str, root_path: str, target: str | None) -> None:
+    scope = {"type": "http", "method": method, "path": path, "root_path": root_path}
+    assert _grab_target(scope) == target
