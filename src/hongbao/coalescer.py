@@ -1,10 +1,13 @@
 """Coalescing concurrent grabs into batch-script calls.
 
-Grabs are queued in one lane (on Redis Cluster, one lane per bucket = slot). While
-fewer than `max_in_flight` calls are outstanding for a lane, a grab is sent at once,
-so light load adds no wait; under a storm, grabs that arrive while calls are in
-flight ride together in the next call (at most `max_batch` of them). Each caller
-gets its own answer; a failed call fails only the grabs that were in it.
+Grabs are queued in one lane (on Redis Cluster, one lane per bucket = slot). A grab
+that finds no call outstanding for its lane is sent at once, so light load adds no
+wait; grabs that arrive while a call is in flight ride together in the next call (at
+most `max_batch` of them). A further call is started in parallel, up to
+`max_in_flight`, only while `parallel_at` grabs per call in flight are waiting: a storm from one process
+keeps Redis busy with several full calls, while HTTP workers, whose own CPU is the
+limit, send fewer and fuller calls (each call costs both sides far more than a grab
+in it). Each caller gets its own answer; a failed call fails only the grabs in it.
 """
 
 from __future__ import annotations
@@ -25,10 +28,17 @@ class _Lane:
 
 
 class GrabCoalescer:
-    def __init__(self, store: RedisStore, max_batch: int = 64, max_in_flight: int = 4) -> None:
+    def __init__(
+        self,
+        store: RedisStore,
+        max_batch: int = 64,
+        max_in_flight: int = 4,
+        parallel_at: int = 16,
+    ) -> None:
         self.store = store
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
+        self.parallel_at = parallel_at
         #: a cluster script call stays in one slot, so grabs queue per bucket there; one
         #: server takes any mix of packets in one call, so there is a single lane
         self.per_bucket = store.cluster
@@ -44,8 +54,12 @@ class GrabCoalescer:
         if lane is None:
             lane = self._lanes[lane_key] = _Lane()
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        lane.waiting.append((keys, user_id, answer))
-        if lane.in_flight < self.max_in_flight:
+        waiting = lane.waiting
+        waiting.append((keys, user_id, answer))
+        in_flight = lane.in_flight
+        if in_flight == 0 or (
+            in_flight < self.max_in_flight and len(waiting) >= self.parallel_at * in_flight
+        ):
             lane.in_flight += 1
             task = asyncio.create_task(self._send(lane))
             self._tasks.add(task)

@@ -57,6 +57,52 @@ async def test_light_load_sends_at_once(store: RedisStore) -> None:
     assert (coalescer.calls, coalescer.grabs) == (3, 3)
 
 
+class CountingStore(RedisStore):
+    """The real store, counting the batch calls outstanding at once; `gate` holds them."""
+
+    in_flight = 0
+    most_in_flight = 0
+    gate: asyncio.Event | None = None
+    started: asyncio.Event | None = None
+
+    async def grab_batch(self, groups):  # type: ignore[no-untyped-def]
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        if self.started is not None:
+            self.started.set()
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            return await super().grab_batch(groups)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_grabs_arriving_during_a_call_ride_the_next_one(store: RedisStore) -> None:
+    counting = CountingStore(store.client, store.buckets)
+    counting.gate, counting.started = asyncio.Event(), asyncio.Event()
+    coalescer = GrabCoalescer(counting, max_batch=64, max_in_flight=4, parallel_at=16)
+    keys = await load(store, 100)
+    first = asyncio.ensure_future(coalescer.grab(keys, "u0"))
+    await counting.started.wait()
+    later = [asyncio.ensure_future(coalescer.grab(keys, f"u{i}")) for i in range(1, 16)]
+    await asyncio.sleep(0.01)
+    assert counting.most_in_flight == 1  # 15 waiting grabs do not open a second call
+    counting.gate.set()
+    answers = await asyncio.gather(first, *later)
+    assert all(status is GrabStatus.GRANTED for status, _ in answers)
+    assert (coalescer.calls, counting.most_in_flight) == (2, 1)
+
+
+async def test_a_storm_opens_further_calls(store: RedisStore) -> None:
+    counting = CountingStore(store.client, store.buckets)
+    coalescer = GrabCoalescer(counting, max_batch=32, max_in_flight=4, parallel_at=16)
+    keys = await load(store, 200)
+    answers = await asyncio.gather(*(coalescer.grab(keys, f"u{i}") for i in range(200)))
+    assert all(status is GrabStatus.GRANTED for status, _ in answers)
+    assert counting.most_in_flight == 4  # the second call at 16 waiting, then 32, 48
+
+
 async def test_a_broken_packet_fails_only_its_grabbers(store: RedisStore) -> None:
     coalescer = GrabCoalescer(store, max_batch=64, max_in_flight=1)
     healthy = await load(store, 10)
