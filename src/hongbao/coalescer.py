@@ -3,11 +3,11 @@
 Grabs are queued in one lane (on Redis Cluster, one lane per bucket = slot). A grab
 that finds no call outstanding for its lane is sent at once, so light load adds no
 wait; grabs that arrive while a call is in flight ride together in the next call (at
-most `max_batch` of them). A further call is started in parallel, up to
-`max_in_flight`, only while `parallel_at` grabs per call in flight are waiting: a storm from one process
-keeps Redis busy with several full calls, while HTTP workers, whose own CPU is the
-limit, send fewer and fuller calls (each call costs both sides far more than a grab
-in it). Each caller gets its own answer; a failed call fails only the grabs in it.
+most `max_batch` of them). A further call starts in parallel, up to `max_in_flight`,
+only while `parallel_at` grabs per call in flight are waiting: a storm from one
+process keeps Redis busy with several full calls, while HTTP workers, whose own CPU
+is the limit, send fewer and fuller calls (each call costs both sides far more than
+a grab in it). Each caller gets its own answer; a failed call fails only its grabs.
 """
 
 from __future__ import annotations

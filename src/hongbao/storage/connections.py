@@ -1,0 +1,76 @@
+"""A few Redis connections kept out of redis-py's pool for the store's script calls.
+
+Script calls are hongbao's hot path: a coalesced grab call carries dozens of grabs, and
+an HTTP worker makes thousands of calls a second. Through `Redis.execute_command`, one
+call cost ~210 µs of client CPU here, against ~80 µs for the same command sent on a
+connection directly: the pool's checkout and release (a lock, a health check,
+observability hooks) and a task per send for the socket timeout. So the store keeps up
+to `keep` idle connections of its own. Like the pool, it checks a connection for a
+stale socket (unread data, or the server gone) before reusing it; one asyncio timeout
+bounds a whole call. A connection whose call did not end with a complete reply is
+disconnected, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import ConnectionError, ResponseError
+
+
+class KeptConnections:
+    def __init__(self, pool: ConnectionPool, keep: int = 8) -> None:
+        self.pool = pool
+        self.keep = keep
+        self._idle: list[AbstractConnection] = []
+        #: the pool's socket timeout, applied per call instead of per socket operation
+        self._timeout: float | None = None
+
+    async def call(self, *command: Any) -> Any:
+        """Send one command and read its reply (an error reply raises its ResponseError)."""
+        conn = await self._take()
+        try:
+            async with asyncio.timeout(self._timeout):
+                await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+                reply = await conn.read_response()
+        except ResponseError:
+            await self._put_back(conn)  # the whole error reply was read: still in step
+            raise
+        except BaseException:
+            await self._drop(conn)  # a reply may still be on its way: never reuse it
+            raise
+        await self._put_back(conn)
+        return reply
+
+    async def aclose(self) -> None:
+        """Hand the idle connections back to the pool, disconnected."""
+        while self._idle:
+            await self._drop(self._idle.pop())
+
+    async def _take(self) -> AbstractConnection:
+        while self._idle:
+            conn = self._idle.pop()
+            try:
+                if conn.is_connected and not await conn.can_read():
+                    return conn
+            except (ConnectionError, OSError):
+                pass
+            await self._drop(conn)
+        conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+        self._timeout = conn.socket_timeout
+        conn.socket_timeout = None  # else each send runs in a task of its own (wait_for)
+        return conn  # type: ignore[no-any-return]
+
+    async def _put_back(self, conn: AbstractConnection) -> None:
+        if len(self._idle) < self.keep:
+            self._idle.append(conn)
+        else:
+            conn.socket_timeout = self._timeout
+            await self.pool.release(conn)
+
+    async def _drop(self, conn: AbstractConnection) -> None:
+        conn.socket_timeout = self._timeout
+        await conn.disconnect(nowait=True)
+        await self.pool.release(conn)
