@@ -97,5 +97,9 @@ class GrabCoalescer:
                         fut.set_exception(answer)
                     else:
                         fut.set_result(answer)
+                if waiting and len(waiting) < self.parallel_at:
+                    # a few grabs came in during the call: let the requests this turn of
+                    # the event loop is reading join them (fewer, fuller calls)
+                    await asyncio.sleep(0)
         finally:
             lane.in_flight -= 1
