@@ -49,6 +49,10 @@ class GrabCoalescer:
         self.calls = 0
 
     async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
+        return await self.submit(keys, user_id)
+
+    def submit(self, keys: PacketKeys, user_id: str) -> asyncio.Future[Answer]:
+        """Queue one grab; the future gets its answer (`grab` without a coroutine frame)."""
         lane_key = keys.bucket if self.per_bucket else 0
         lane = self._lanes.get(lane_key)
         if lane is None:
@@ -64,7 +68,7 @@ class GrabCoalescer:
             task = asyncio.create_task(self._send(lane))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await answer
+        return answer
 
     async def _send(self, lane: _Lane) -> None:
         """Send batches from the lane until it is empty."""

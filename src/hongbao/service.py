@@ -77,7 +77,7 @@ class Hongbao:
         )
         #: one grab in Redis: coalesced, or one script call each
         self._grab: Callable[[PacketKeys, str], Awaitable[Answer]] = (
-            self.coalescer.grab if self.coalescer is not None else store.grab
+            self.coalescer.submit if self.coalescer is not None else store.grab
         )
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
@@ -198,13 +198,10 @@ class Hongbao:
         self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None
     ) -> GrabResult:
         if claim is not None:
+            # positional: this runs once per grab
+            first = status is GrabStatus.GRANTED
             return GrabResult(
-                packet_id,
-                user_id,
-                claim.amount,
-                claim.seq,
-                first=status is GrabStatus.GRANTED,
-                claimed_at_ms=claim.claimed_at_ms,
+                packet_id, user_id, claim.amount, claim.seq, first, claim.claimed_at_ms
             )
         if status is GrabStatus.EXHAUSTED:
             raise PacketExhausted(f"packet {packet_id} has no shares left")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -27,7 +28,13 @@ def valid_user_id(user_id: object) -> bool:
 
 
 def valid_packet_id(packet_id: object) -> bool:
-    return isinstance(packet_id, str) and PACKET_ID_PATTERN.fullmatch(packet_id) is not None
+    return isinstance(packet_id, str) and _valid_packet_id_text(packet_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_packet_id_text(packet_id: str) -> bool:
+    """Cached: the same hot packet ids come with every grab."""
+    return PACKET_ID_PATTERN.fullmatch(packet_id) is not None
 
 
 def require_user_id(user_id: object, field: str = "user_id") -> str:
