@@ -148,19 +148,17 @@ class Api:
     ) -> Response:
         """The hot path: one HMAC check and one Redis script; no SQL on success."""
         started = time.perf_counter()
-        metrics = self.metrics
         try:
             caller = verify_token(self.secret, bearer_token(authorization))
             await self.limit(client_ip, "grab", caller.user_id)
             result = await self.service.grab(packet_id, caller.user_id)
         except HongbaoError as exc:
-            metrics.grab_outcomes[_outcome(exc)].inc()
-            metrics.grab_seconds.observe(time.perf_counter() - started)
+            self.metrics.grabs.record(_outcome(exc), time.perf_counter() - started)
             return domain_problem(exc)
         except ApiError as exc:  # 429 from the rate limit (counted there)
             return api_problem(exc)
-        metrics.grab_outcomes["granted" if result.first else "repeat"].inc()
-        metrics.grab_seconds.observe(time.perf_counter() - started)
+        outcome = "granted" if result.first else "repeat"
+        self.metrics.grabs.record(outcome, time.perf_counter() - started)
         return Response(orjson.dumps(grab_json(result)), media_type="application/json")
 
     async def claims(self, request: Request) -> Response:
@@ -179,7 +177,7 @@ class Api:
             await self._limiter.check(action, user_id, ip)
         except RateLimited as exc:
             if action == "grab":
-                self.metrics.grab_outcomes["rate_limited"].inc()
+                self.metrics.grabs.outcomes["rate_limited"] += 1
             raise ApiError(
                 429, "rate_limited", str(exc), headers={"Retry-After": exc.retry_after_header}
             ) from None
