@@ -93,8 +93,11 @@ class Api:
     # -- /v1 ----------------------------------------------------------------------------------
 
     def caller(self, request: Request) -> Principal:
-        token = bearer_token(request.headers.get("authorization"))
-        return verify_token(self.secret, token)
+        return self.principal(request.headers.get("authorization"))
+
+    def principal(self, authorization: str | None) -> Principal:
+        """The caller named by an Authorization header value; AuthError if none is valid."""
+        return verify_token(self.secret, bearer_token(authorization))
 
     async def deposit(self, request: Request) -> Response:
         caller = self.caller(request)
@@ -149,7 +152,7 @@ class Api:
         """The hot path: one HMAC check and one Redis script; no SQL on success."""
         started = time.perf_counter()
         try:
-            caller = verify_token(self.secret, bearer_token(authorization))
+            caller = self.principal(authorization)
             await self.limit(client_ip, "grab", caller.user_id)
             result = await self.service.grab(packet_id, caller.user_id)
         except HongbaoError as exc:

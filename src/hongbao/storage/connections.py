@@ -26,7 +26,7 @@ class KeptConnections:
         self.keep = keep
         self._idle: list[AbstractConnection] = []
         #: the pool's socket timeout, applied per call instead of per socket operation
-        self._timeout: float | None = None
+        self._timeout: float | None = pool.connection_kwargs.get("socket_timeout")
 
     async def call(self, *command: Any) -> Any:
         """Send one command and read its reply (an error reply raises its ResponseError)."""
@@ -59,7 +59,6 @@ class KeptConnections:
                 pass
             await self._drop(conn)
         conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
-        self._timeout = conn.socket_timeout
         conn.socket_timeout = None  # else each send runs in a task of its own (wait_for)
         return conn  # type: ignore[no-any-return]
 
