@@ -118,26 +118,31 @@ async def test_a_broken_packet_fails_only_its_grabbers(store: RedisStore) -> Non
     assert all(isinstance(r, StorageError) for r in results[5:])
 
 
-async def test_grants_before_an_unreadable_claim_still_reach_the_stream(
+async def test_an_unreadable_claim_fails_the_packets_grabs_and_takes_nothing(
     store: RedisStore,
 ) -> None:
     keys = await load(store, 5)
     await store.client.hset(keys.claims, "z", "garbage")
     answers = await store.grab_batch([(keys, ["a", "b", "z", "c"])])
-    assert [a[0] if isinstance(a, tuple) else "error" for a in answers] == [
-        GrabStatus.GRANTED,
-        GrabStatus.GRANTED,
-        "error",
-        "error",
-    ]
-    taken = [c for a in answers if isinstance(a, tuple) for c in [a[1]] if c is not None]
-    entries = await store.client.xrange(keys.events)
-    assert [f["c"] for _, f in entries] == [
-        "\n".join(f"{u} {c.encode()}" for u, c in zip("ab", taken, strict=True))
-    ]
+    assert all(isinstance(a, StorageError) for a in answers)
+    assert await store.client.xrange(keys.events) == []
     status = await store.status(keys)
-    assert status is not None and status.shares_left == 3
-    assert status.amount_left == sum(10 + i for i in range(5)) - sum(c.amount for c in taken)
+    assert status is not None and status.shares_left == 5
+    assert status.amount_left == sum(10 + i for i in range(5))
+    assert await store.client.hkeys(keys.claims) == ["z"]
+
+
+async def test_a_malformed_share_is_put_back_and_fails_the_packets_grabs(
+    store: RedisStore,
+) -> None:
+    keys = await load(store, 5)
+    await store.client.lset(keys.shares, 2, "not-a-share")
+    before = await store.client.lrange(keys.shares, 0, -1)
+    answers = await store.grab_batch([(keys, ["a", "b", "c", "d"])])
+    assert all(isinstance(a, StorageError) for a in answers)
+    assert await store.client.lrange(keys.shares, 0, -1) == before
+    assert await store.client.hlen(keys.claims) == 0
+    assert await store.client.xrange(keys.events) == []
 
 
 async def test_a_failed_call_fails_its_callers_and_the_lane_goes_on(store: RedisStore) -> None:

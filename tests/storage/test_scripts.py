@@ -116,6 +116,51 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
     ]
 
 
+async def test_grab_batch_in_bulk_beyond_lua_stack(store: RedisStore) -> None:
+    """More users than one command's slice: earlier claimers, repeats, and the rest."""
+    amounts = [1 + i % 7 for i in range(2_000)]
+    keys = await load(store, amounts)
+    early = await store.grab_batch([(keys, [f"e{i}" for i in range(300)])])
+    early_claims = {f"e{i}": c for i, (_, c) in enumerate(early)}  # type: ignore[misc]
+    users = [f"u{i}" for i in range(2_000)]
+    batch = users[:900] + [f"e{i}" for i in range(300)] + users[:50] + users[900:]
+    answers = await store.grab_batch([(keys, batch)])
+    by_status: dict[GrabStatus, int] = {}
+    for status, _ in answers:  # type: ignore[misc]
+        by_status[status] = by_status.get(status, 0) + 1
+    assert by_status == {
+        GrabStatus.GRANTED: 1_700,
+        GrabStatus.ALREADY_CLAIMED: 350,
+        GrabStatus.EXHAUSTED: 300,
+    }
+    granted = {u: c for u, (s, c) in zip(batch, answers, strict=True) if s is GrabStatus.GRANTED}  # type: ignore[misc]
+    assert list(granted) == users[:1_700]  # shares go in order of arrival
+    for user, (status, claim) in zip(batch, answers, strict=True):  # type: ignore[misc]
+        if status is GrabStatus.ALREADY_CLAIMED:
+            assert claim == early_claims.get(user, granted.get(user))
+    seqs = sorted(c.seq for c in [*early_claims.values(), *granted.values()])
+    assert seqs == list(range(1, 2_001))
+    stored = await store.claims(keys)
+    assert stored == {**early_claims, **granted}
+    entries = [fields for _, fields in await store.client.xrange(keys.events)]
+    assert [u for f in entries for u, _ in grants_in(f)] == [*early_claims, *granted]
+    status = await store.status(keys)
+    assert status is not None and (status.shares_left, status.amount_left) == (0, 0)
+
+
+async def test_grab_batch_repeats_after_close_get_their_claim(store: RedisStore) -> None:
+    keys = await load(store, [5, 6, 7], expires_in_ms=300)
+    ((_, first),) = await store.grab_batch([(keys, ["a"])])  # type: ignore[misc]
+    await asyncio.sleep(0.4)
+    assert (await store.close_packet(keys, "sender", 60_000))[0] == 1
+    answers = await store.grab_batch([(keys, ["b", "a", "b"])])
+    assert answers == [
+        (GrabStatus.EXPIRED, None),
+        (GrabStatus.ALREADY_CLAIMED, first),
+        (GrabStatus.EXPIRED, None),
+    ]
+
+
 async def test_grab_batch_spans_buckets_on_one_server(store: RedisStore) -> None:
     first = await load(store, [5])
     other = next(

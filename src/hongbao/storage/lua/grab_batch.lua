@@ -1,11 +1,13 @@
 -- grab_batch.lua: many grabs, of one or more packets, in one call.
--- The coalescing path: same rules as grab.lua, applied in order, so a user
+-- The coalescing path: same answers as grab.lua applied in order, so a user
 -- appearing twice for a packet is granted once and told "claimed before" after.
--- Per packet and call, the meta is read once, the amount left updated once, and
--- all grants go to the stream as one entry (XADD dominated the cost per grab).
+-- Per packet and call the work is done in bulk, a handful of commands whatever the
+-- number of grabs (each command a script runs costs, and is written to the AOF, far
+-- more than the Lua around it): one HMGET of the users' claims, one HMGET of the
+-- meta, one LPOP of as many shares as there are users without a claim, one HSET of
+-- the new claims, one XADD of all the grants, one HINCRBY of the amount left.
 -- A packet whose keys cannot be read (wrong type, malformed values) fails only its
--- own grabs: they get status 5 from the first one that could not be served, and the
--- grants made before that still reach the stream.
+-- own grabs: they all get status 5 and none of its shares is taken.
 --
 -- KEYS[1+4j .. 4+4j]      event stream of its bucket, meta hash, shares list, claims hash
 --                         of packet j (j = 0 ..); on a cluster all in one slot (bucket)
@@ -27,47 +29,102 @@ local function put(status, seq, amount, at)
   n = n + 4
 end
 
--- grabs of one packet, in order; grants and the amount taken are kept in `done`
--- as they happen, so that they are recorded even if a later grab raises
-local function grab_packet(meta_key, shares_key, claims_key, users, done)
-  local state = nil  -- nil until the meta is needed; then -1 open, or a refusal status
-  for _, user in ipairs(users) do
-    local prior = redis.call('HGET', claims_key, user)
-    if prior then
-      local s, a, ms = string.match(prior, '^(%d+):(%d+):(%d+)$')
-      if not s then
-        error('malformed claim of ' .. user)
+local CHUNK = 1000  -- unpack() has a stack limit: commands take their arguments in slices
+
+-- user -> the claim text (prior or granted now), or false when the user holds none
+local function read_claims(claims_key, users)
+  local claimed = {}
+  for first = 1, #users, CHUNK do
+    local last = math.min(first + CHUNK - 1, #users)
+    local priors = redis.call('HMGET', claims_key, unpack(users, first, last))
+    for i = first, last do
+      local prior = priors[i - first + 1]
+      if prior and not string.match(prior, '^%d+:%d+:%d+$') then
+        error('malformed claim of ' .. users[i])
       end
+      claimed[users[i]] = prior
+    end
+  end
+  return claimed
+end
+
+-- -1 when the packet takes grabs, else the status for a user without a claim
+local function packet_state(meta_key)
+  local meta = redis.call('HMGET', meta_key, 'exp', 'closed', 'left')
+  local exp = tonumber(meta[1])
+  if not meta[1] then
+    return 0
+  elseif not exp then
+    error('malformed expiry')
+  elseif meta[2] or now >= exp then
+    return (tonumber(meta[3]) == 0) and 3 or 4
+  end
+  return -1
+end
+
+-- pop up to `wanted` shares: their seqs and amounts; a malformed one puts all back
+local function pop_shares(shares_key, wanted)
+  local raw = redis.call('LPOP', shares_key, wanted) or {}
+  local seqs, amounts = {}, {}
+  for k, text in ipairs(raw) do
+    local packed = tonumber(text)
+    if not packed then
+      local reversed = {}
+      for i = #raw, 1, -1 do
+        reversed[#reversed + 1] = raw[i]
+      end
+      for first = 1, #reversed, CHUNK do  -- LPUSH of the last first: the order is kept
+        redis.call('LPUSH', shares_key, unpack(reversed, first, math.min(first + CHUNK - 1, #reversed)))
+      end
+      error('malformed share')
+    end
+    local index = math.floor(packed / 4294967296)
+    seqs[k], amounts[k] = index + 1, packed - index * 4294967296
+  end
+  return seqs, amounts
+end
+
+-- the grabs of one packet, users in order; the grants are added to `done`
+local function grab_packet(meta_key, shares_key, claims_key, users, done)
+  local claimed = read_claims(claims_key, users)
+  local wanting = {}  -- users without a claim, each once, in order of arrival
+  for _, user in ipairs(users) do
+    if claimed[user] == false then
+      claimed[user] = nil
+      wanting[#wanting + 1] = user
+    end
+  end
+  local state = #wanting > 0 and packet_state(meta_key) or -1
+  local seqs, amounts = {}, {}
+  if state == -1 then
+    seqs, amounts = pop_shares(shares_key, #wanting)
+    state = 3  -- the users the shares did not reach find the packet exhausted
+  end
+  local fields = {}
+  local granted = {}  -- user -> k, the share granted now
+  for k = 1, #seqs do
+    local user = wanting[k]
+    local claim = string.format('%d:%d', seqs[k], amounts[k]) .. claim_tail
+    fields[#fields + 1] = user
+    fields[#fields + 1] = claim
+    done.grants[#done.grants + 1] = user .. ' ' .. claim
+    done.taken = done.taken + amounts[k]
+    granted[user] = k
+  end
+  for first = 1, #fields, CHUNK do
+    redis.call('HSET', claims_key, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
+  end
+  for _, user in ipairs(users) do
+    local k, prior = granted[user], claimed[user]
+    if k then
+      put(1, seqs[k], amounts[k], now)
+      granted[user] = nil
+      claimed[user] = fields[2 * k]
+    elseif prior then
+      local s, a, ms = string.match(prior, '^(%d+):(%d+):(%d+)$')
       put(2, tonumber(s), tonumber(a), tonumber(ms))
     else
-      if state == nil then
-        local meta = redis.call('HMGET', meta_key, 'exp', 'closed', 'left')
-        local exp = tonumber(meta[1])
-        if not meta[1] then
-          state = 0
-        elseif not exp then
-          error('malformed expiry')
-        elseif meta[2] or now >= exp then
-          state = (tonumber(meta[3]) == 0) and 3 or 4
-        else
-          state = -1
-        end
-      end
-      local packed = state == -1 and tonumber(redis.call('LPOP', shares_key))
-      if state ~= -1 then
-        put(state, 0, 0, 0)
-      elseif not packed then
-        state = 3
-        put(3, 0, 0, 0)
-      else
-        local seq = math.floor(packed / 4294967296) + 1
-        local amount = packed - (seq - 1) * 4294967296
-        local claim = string.format('%d:%d', seq, amount) .. claim_tail
-        redis.call('HSET', claims_key, user, claim)
-        done.grants[#done.grants + 1] = user .. ' ' .. claim
-        done.taken = done.taken + amount
-        put(1, seq, amount, now)
-      end
+      put(state, 0, 0, 0)
     end
   end
 end
