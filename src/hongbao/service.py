@@ -9,6 +9,7 @@ a crash between the two steps, or a Redis that lost its data, heals itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import random
@@ -48,6 +49,9 @@ from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.redis import Answer, ClaimValue, LiveStatus
 
+#: GrabResult from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
+_new_result = tuple.__new__
+
 MAX_GREETING = 200
 _RECORD_CACHE = 10_000
 
@@ -79,6 +83,8 @@ class Hongbao:
         self._grab: Callable[[PacketKeys, str], Awaitable[Answer]] = (
             self.coalescer.submit if self.coalescer is not None else store.grab
         )
+        #: a packet id's keys, None for text that is no packet id (hot packets: cached)
+        self._keys_of = functools.lru_cache(maxsize=65_536)(self._packet_keys)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
 
@@ -182,10 +188,15 @@ class Hongbao:
     async def grab(self, packet_id: str, user_id: str) -> GrabResult:
         """Take one share for this user; the same user again gets the same share back."""
         require_user_id(user_id)
-        if not valid_packet_id(packet_id):
+        keys = self._keys_of(packet_id)
+        if keys is None:
             raise PacketNotFound(f"no packet {packet_id!r}")
-        keys = self.store.keys(packet_id)
         status, claim = await self._grab(keys, user_id)
+        if claim is not None and not self.durability.waits:
+            # the answer to almost every grab, built here without a further call
+            seq, amount, at = claim
+            first = status is GrabStatus.GRANTED
+            return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
         if status is GrabStatus.UNKNOWN and await self.ensure_loaded(packet_id):
             status, claim = await self._grab(keys, user_id)
         if status is GrabStatus.UNKNOWN:
@@ -194,11 +205,13 @@ class Hongbao:
             await self.durability.confirm(keys, user_id, claim)
         return self._grab_answer(packet_id, user_id, status, claim)
 
+    def _packet_keys(self, packet_id: str) -> PacketKeys | None:
+        return self.store.keys(packet_id) if valid_packet_id(packet_id) else None
+
     def _grab_answer(
         self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None
     ) -> GrabResult:
         if claim is not None:
-            # positional: this runs once per grab
             first = status is GrabStatus.GRANTED
             return GrabResult(
                 packet_id, user_id, claim.amount, claim.seq, first, claim.claimed_at_ms

@@ -64,6 +64,9 @@ class ClaimValue(NamedTuple):
         return f"{self.seq}:{self.amount}:{self.claimed_at_ms}"
 
 
+#: ClaimValue from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
+_new_claim = tuple.__new__
+
 #: one grab's outcome: its status and, when the user holds a share, the claim
 Answer = tuple[GrabStatus, ClaimValue | None]
 
@@ -192,16 +195,14 @@ class RedisStore:
             keys += (packet.events, packet.meta, packet.shares, packet.claims)
             args += (packet.packet_id, " ".join(users))
         flat = await self._run(self.lua_grab_batch, keys, args)
-        statuses = _STATUSES
-        answers: list[Answer | StorageError] = []
-        for i in range(0, len(flat), 4):
-            status, seq = flat[i], flat[i + 1]
-            if seq:
-                answers.append((statuses[status], ClaimValue(seq, flat[i + 2], flat[i + 3])))
-            elif status == UNREADABLE:
-                answers.append(StorageError("redis: the packet's data there is unreadable"))
-            else:
-                answers.append((statuses[status], None))
+        statuses, claim = _STATUSES, _new_claim
+        fours = iter(flat)
+        answers: list[Answer | StorageError] = [
+            (statuses[status], claim(ClaimValue, (seq, amount, at)) if seq else None)
+            if status != UNREADABLE
+            else StorageError("redis: the packet's data there is unreadable")
+            for status, seq, amount, at in zip(fours, fours, fours, fours, strict=True)
+        ]
         return answers
 
     async def close_packet(
