@@ -35,7 +35,7 @@ class Settings:
     #: persister: an entry that failed this many deliveries goes to the dead-letter stream
     persister_max_deliveries: int = 5
     #: grabs per batch-script call when coalescing (1 turns coalescing off)
-    coalesce_max_batch: int = 256
+    coalesce_max_batch: int = 512
     #: batch calls in flight (per bucket on a cluster) before new grabs wait to ride the next
     coalesce_max_in_flight: int = 4
     #: sweeper: seconds between scans for expired packets
