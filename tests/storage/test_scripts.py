@@ -12,7 +12,7 @@ from hongbao.domain.ids import new_packet_id
 from hongbao.domain.models import GrabStatus
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
-from hongbao.storage.redis import ClaimValue, grants_in
+from hongbao.storage.redis import ClaimValue, grants_in, too_old
 
 pytestmark = pytest.mark.redis
 
@@ -214,3 +214,15 @@ async def test_ack_and_dead_letter(store: RedisStore) -> None:
     assert len(parked) == 1 and parked[0].fields["reason"] == "bad thing"
     assert [u for u, _ in grants_in(parked[0].fields)] == ["b"]
     assert await store.backlog() == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "old"),
+    [("5.0.14", True), ("6.0.9", True), ("6.2.0", False), ("7.0.15", False), ("", False)],
+)
+def test_servers_before_6_2_are_refused(version: str, old: bool) -> None:
+    assert too_old(version) is old
+
+
+async def test_the_test_server_is_new_enough(store: RedisStore) -> None:
+    await store.check_server()

@@ -36,6 +36,19 @@ def _packet_keys(packet_id: str, buckets: int) -> PacketKeys:
     return PacketKeys.of(packet_id, buckets)
 
 
+#: the oldest Redis the scripts run on (grab_batch.lua pops with LPOP key count)
+MIN_SERVER = (6, 2)
+
+
+def too_old(version: str) -> bool:
+    """True for a Redis version before MIN_SERVER ("7.0.15", "6.0.9"; Valkey says 7.2.x)."""
+    parts = version.split(".")[:2]
+    try:
+        return tuple(int(p) for p in parts) < MIN_SERVER
+    except ValueError:
+        return False  # a version we cannot read: let the scripts speak for themselves
+
+
 def read_lua(name: str) -> str:
     return files("hongbao.storage").joinpath("lua", f"{name}.lua").read_text()
 
@@ -237,8 +250,21 @@ class RedisStore:
     def streams(self) -> list[str]:
         return [events_key(b) for b in range(self.buckets)]
 
+    async def check_server(self) -> None:
+        """Refuse a server too old for the scripts, with a clear error, at startup."""
+        info = await self._call(self.client.info("server"))
+        # a cluster client answers per node: {node: {...}}; one server: {...}
+        for node in info.values() if "redis_version" not in info else [info]:
+            version = str(node.get("redis_version", ""))
+            if too_old(version):
+                raise StorageError(
+                    f"redis {version} is too old: hongbao needs Redis >= "
+                    f"{'.'.join(map(str, MIN_SERVER))} or Valkey (LPOP with a count)"
+                )
+
     async def ensure_groups(self) -> None:
         """Create the persister group on every bucket stream (idempotent)."""
+        await self.check_server()
         for stream in self.streams():
             try:
                 await self.client.xgroup_create(stream, PERSISTER_GROUP, id="0", mkstream=True)

@@ -86,6 +86,7 @@ class RedisClusterStore(RedisStore):
                 if "BUSYGROUP" not in str(exc):
                     raise StorageError(f"cannot create consumer group on {stream}: {exc}") from exc
 
+        await self.check_server()
         await asyncio.gather(*(one(s) for s in self.streams()))
 
     async def backlog(self) -> int:
