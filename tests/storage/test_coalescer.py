@@ -118,12 +118,13 @@ async def test_a_broken_packet_fails_only_its_grabbers(store: RedisStore) -> Non
     assert all(isinstance(r, StorageError) for r in results[5:])
 
 
+@pytest.mark.parametrize("users", [["a", "b", "z", "c"], ["z"]], ids=["bulk", "single"])
 async def test_an_unreadable_claim_fails_the_packets_grabs_and_takes_nothing(
-    store: RedisStore,
+    store: RedisStore, users: list[str]
 ) -> None:
     keys = await load(store, 5)
     await store.client.hset(keys.claims, "z", "garbage")
-    answers = await store.grab_batch([(keys, ["a", "b", "z", "c"])])
+    answers = await store.grab_batch([(keys, users)])
     assert all(isinstance(a, StorageError) for a in answers)
     assert await store.client.xrange(keys.events) == []
     status = await store.status(keys)
@@ -132,13 +133,14 @@ async def test_an_unreadable_claim_fails_the_packets_grabs_and_takes_nothing(
     assert await store.client.hkeys(keys.claims) == ["z"]
 
 
+@pytest.mark.parametrize(("users", "bad"), [(["a", "b", "c", "d"], 2), (["a"], 0)])
 async def test_a_malformed_share_is_put_back_and_fails_the_packets_grabs(
-    store: RedisStore,
+    store: RedisStore, users: list[str], bad: int
 ) -> None:
     keys = await load(store, 5)
-    await store.client.lset(keys.shares, 2, "not-a-share")
+    await store.client.lset(keys.shares, bad, "not-a-share")
     before = await store.client.lrange(keys.shares, 0, -1)
-    answers = await store.grab_batch([(keys, ["a", "b", "c", "d"])])
+    answers = await store.grab_batch([(keys, users)])
     assert all(isinstance(a, StorageError) for a in answers)
     assert await store.client.lrange(keys.shares, 0, -1) == before
     assert await store.client.hlen(keys.claims) == 0

@@ -159,6 +159,14 @@ async def test_grab_batch_repeats_after_close_get_their_claim(store: RedisStore)
         (GrabStatus.ALREADY_CLAIMED, first),
         (GrabStatus.EXPIRED, None),
     ]
+    # a packet with a single grab in the call takes the one-grab path: same answers
+    unknown = store.keys(new_packet_id())
+    singles = await store.grab_batch([(keys, ["a"]), (keys, ["b"]), (unknown, ["a"])])
+    assert singles == [
+        (GrabStatus.ALREADY_CLAIMED, first),
+        (GrabStatus.EXPIRED, None),
+        (GrabStatus.UNKNOWN, None),
+    ]
 
 
 async def test_grab_batch_spans_buckets_on_one_server(store: RedisStore) -> None:

@@ -5,7 +5,8 @@
 -- number of grabs (each command a script runs costs, and is written to the AOF, far
 -- more than the Lua around it): one HMGET of the users' claims, one HMGET of the
 -- meta, one LPOP of as many shares as there are users without a claim, one HSET of
--- the new claims, one XADD of all the grants, one HINCRBY of the amount left.
+-- the new claims, one XADD of all the grants, one HINCRBY of the amount left. A
+-- packet with a single grab in the call takes the same steps with HGET/LPOP/HSET.
 -- A packet whose keys cannot be read (wrong type, malformed values) fails only its
 -- own grabs: they all get status 5 and none of its shares is taken.
 --
@@ -62,30 +63,53 @@ local function packet_state(meta_key)
   return -1
 end
 
--- pop up to `wanted` shares: their seqs and amounts; a malformed one puts all back
-local function pop_shares(shares_key, wanted)
-  local raw = redis.call('LPOP', shares_key, wanted) or {}
-  local seqs, amounts = {}, {}
-  for k, text in ipairs(raw) do
-    local packed = tonumber(text)
-    if not packed then
-      local reversed = {}
-      for i = #raw, 1, -1 do
-        reversed[#reversed + 1] = raw[i]
-      end
-      for first = 1, #reversed, CHUNK do  -- LPUSH of the last first: the order is kept
-        redis.call('LPUSH', shares_key, unpack(reversed, first, math.min(first + CHUNK - 1, #reversed)))
-      end
-      error('malformed share')
-    end
-    local index = math.floor(packed / 4294967296)
-    seqs[k], amounts[k] = index + 1, packed - index * 4294967296
+-- shares popped before a malformed one was found go back to the list's head, in order
+local function push_back(shares_key, raw)
+  local reversed = {}
+  for i = #raw, 1, -1 do
+    reversed[#reversed + 1] = raw[i]
   end
-  return seqs, amounts
+  for first = 1, #reversed, CHUNK do  -- LPUSH of the last first: the order is kept
+    redis.call('LPUSH', shares_key, unpack(reversed, first, math.min(first + CHUNK - 1, #reversed)))
+  end
+end
+
+-- a packet with one grab in the call (most of them, from HTTP workers' small calls):
+-- the same steps with single-value commands, which skip the bulk path's tables
+local function grab_one(meta_key, shares_key, claims_key, user, done)
+  local prior = redis.call('HGET', claims_key, user)
+  if prior then
+    local s, a, ms = string.match(prior, '^(%d+):(%d+):(%d+)$')
+    if not s then
+      error('malformed claim of ' .. user)
+    end
+    return put(2, tonumber(s), tonumber(a), tonumber(ms))
+  end
+  local state = packet_state(meta_key)
+  local raw = state == -1 and redis.call('LPOP', shares_key)
+  if state ~= -1 then
+    return put(state, 0, 0, 0)
+  elseif not raw then
+    return put(3, 0, 0, 0)
+  end
+  local packed = tonumber(raw)
+  if not packed then
+    push_back(shares_key, {raw})
+    error('malformed share')
+  end
+  local index = math.floor(packed / 4294967296)
+  local amount = packed - index * 4294967296
+  local claim = string.format('%d:%d', index + 1, amount) .. claim_tail
+  redis.call('HSET', claims_key, user, claim)
+  done.grants[1], done.taken = user .. ' ' .. claim, amount
+  put(1, index + 1, amount, now)
 end
 
 -- the grabs of one packet, users in order; the grants are added to `done`
 local function grab_packet(meta_key, shares_key, claims_key, users, done)
+  if #users == 1 then
+    return grab_one(meta_key, shares_key, claims_key, users[1], done)
+  end
   local claimed = read_claims(claims_key, users)
   local wanting = {}  -- users without a claim, each once, in order of arrival
   for _, user in ipairs(users) do
@@ -95,33 +119,38 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done)
     end
   end
   local state = #wanting > 0 and packet_state(meta_key) or -1
-  local seqs, amounts = {}, {}
+  local raw = state == -1 and redis.call('LPOP', shares_key, #wanting) or {}
   if state == -1 then
-    seqs, amounts = pop_shares(shares_key, #wanting)
     state = 3  -- the users the shares did not reach find the packet exhausted
   end
-  local fields = {}
-  local granted = {}  -- user -> k, the share granted now
-  for k = 1, #seqs do
+  -- share k goes to wanting[k]: claimed[user] = k, its claim is fields[2k]
+  local fields, seqs, amounts, lines, taken = {}, {}, {}, {}, 0
+  for k, text in ipairs(raw) do
+    local packed = tonumber(text)
+    if not packed then
+      push_back(shares_key, raw)
+      error('malformed share')
+    end
+    local index = math.floor(packed / 4294967296)
+    local amount = packed - index * 4294967296
     local user = wanting[k]
-    local claim = string.format('%d:%d', seqs[k], amounts[k]) .. claim_tail
-    fields[#fields + 1] = user
-    fields[#fields + 1] = claim
-    done.grants[#done.grants + 1] = user .. ' ' .. claim
-    done.taken = done.taken + amounts[k]
-    granted[user] = k
+    local claim = string.format('%d:%d', index + 1, amount) .. claim_tail
+    fields[2 * k - 1], fields[2 * k] = user, claim
+    seqs[k], amounts[k] = index + 1, amount
+    lines[k], taken = user .. ' ' .. claim, taken + amount
+    claimed[user] = k
   end
   for first = 1, #fields, CHUNK do
     redis.call('HSET', claims_key, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
   end
+  done.grants, done.taken = lines, taken
   for _, user in ipairs(users) do
-    local k, prior = granted[user], claimed[user]
-    if k then
-      put(1, seqs[k], amounts[k], now)
-      granted[user] = nil
-      claimed[user] = fields[2 * k]
-    elseif prior then
-      local s, a, ms = string.match(prior, '^(%d+):(%d+):(%d+)$')
+    local claim = claimed[user]
+    if type(claim) == 'number' then
+      put(1, seqs[claim], amounts[claim], now)
+      claimed[user] = fields[2 * claim]
+    elseif claim then
+      local s, a, ms = string.match(claim, '^(%d+):(%d+):(%d+)$')
       put(2, tonumber(s), tonumber(a), tonumber(ms))
     else
       put(state, 0, 0, 0)
