@@ -253,7 +253,7 @@ class RedisStore:
     async def check_server(self) -> None:
         """Refuse a server too old for the scripts, with a clear error, at startup."""
         info = await self._call(self.client.info("server"))
-        # a cluster client answers per node: {node: {...}}; one server: {...}
+        # one server's dict ({...}); a client asking several nodes gives {node: {...}}
         for node in info.values() if "redis_version" not in info else [info]:
             version = str(node.get("redis_version", ""))
             if too_old(version):
