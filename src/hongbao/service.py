@@ -188,7 +188,7 @@ class Hongbao:
     async def grab(self, packet_id: str, user_id: str) -> GrabResult:
         """Take one share for this user; the same user again gets the same share back."""
         require_user_id(user_id)
-        keys = self._keys_of(packet_id)
+        keys = self._keys_of(packet_id) if isinstance(packet_id, str) else None
         if keys is None:
             raise PacketNotFound(f"no packet {packet_id!r}")
         status, claim = await self._grab(keys, user_id)
