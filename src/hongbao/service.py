@@ -9,7 +9,6 @@ a crash between the two steps, or a Redis that lost its data, heals itself.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import random
@@ -83,8 +82,6 @@ class Hongbao:
         self._grab: Callable[[PacketKeys, str], Awaitable[Answer]] = (
             self.coalescer.submit if self.coalescer is not None else store.grab
         )
-        #: a packet id's keys, None for text that is no packet id (hot packets: cached)
-        self._keys_of = functools.lru_cache(maxsize=65_536)(self._packet_keys)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
 
@@ -188,9 +185,9 @@ class Hongbao:
     async def grab(self, packet_id: str, user_id: str) -> GrabResult:
         """Take one share for this user; the same user again gets the same share back."""
         require_user_id(user_id)
-        keys = self._keys_of(packet_id) if isinstance(packet_id, str) else None
-        if keys is None:
+        if not valid_packet_id(packet_id):
             raise PacketNotFound(f"no packet {packet_id!r}")
+        keys = self.store.keys(packet_id)
         status, claim = await self._grab(keys, user_id)
         if claim is not None and not self.durability.waits:
             # the answer to almost every grab, built here without a further call
@@ -204,9 +201,6 @@ class Hongbao:
         if claim is not None and self.durability.waits:
             await self.durability.confirm(keys, user_id, claim)
         return self._grab_answer(packet_id, user_id, status, claim)
-
-    def _packet_keys(self, packet_id: str) -> PacketKeys | None:
-        return self.store.keys(packet_id) if valid_packet_id(packet_id) else None
 
     def _grab_answer(
         self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None
