@@ -149,19 +149,44 @@ def secret_from_env_or_dir(env_value: str | None, data_dir: Path | None) -> byte
 # -- internals ---------------------------------------------------------------------------------
 
 
+class _HmacSha256:
+    """HMAC-SHA256 under one key, the key's two padded blocks hashed once (RFC 2104, 4).
+
+    The construction `hmac` itself uses; here each message costs two copies of hash
+    states instead of an `hmac.HMAC` copy (1.9 against 4.5 µs a token here, where every
+    grab request checks one). Tested against `hmac.new`.
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        key = hashlib.sha256(secret).digest() if len(secret) > _BLOCK else secret
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def digest(self, message: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(message)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+_BLOCK = 64  # SHA-256's block size
+_IPAD = bytes(b ^ 0x36 for b in range(256))
+_OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
 @functools.lru_cache(maxsize=8)
-def _key(secret: bytes) -> hmac.HMAC:
-    """The keyed HMAC, set up once per secret; `_mac` uses copies and never updates it."""
+def _key(secret: bytes) -> _HmacSha256:
+    """The keyed HMAC, set up once per secret."""
     if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
         raise ConfigurationError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
-    return hmac.new(secret, digestmod=hashlib.sha256)
+    return _HmacSha256(secret)
 
 
-def _mac(key: hmac.HMAC, signed: bytes) -> bytes:
+def _mac(key: _HmacSha256, signed: bytes) -> bytes:
     """The signature part for `signed` (``v1.<payload part>``): base64url of HMAC-SHA256."""
-    mac = key.copy()  # a copy of the keyed state: cheaper than keying HMAC per token
-    mac.update(signed)
-    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=")
+    return base64.urlsafe_b64encode(key.digest(signed)).rstrip(b"=")
 
 
 def _expiry(ttl: int, now: float | None) -> int:
@@ -170,7 +195,7 @@ def _expiry(ttl: int, now: float | None) -> int:
     return int(time.time() if now is None else now) + ttl
 
 
-def _sign(key: hmac.HMAC, user_id: str, admin: bool, expires_at: int) -> str:
+def _sign(key: _HmacSha256, user_id: str, admin: bool, expires_at: int) -> str:
     if not isinstance(user_id, str) or not valid_user_id(user_id):
         raise InvalidRequest(f"invalid user id {user_id!r}", field="user_id")
     payload = orjson.dumps({"sub": user_id, "adm": bool(admin), "exp": expires_at})
@@ -179,8 +204,11 @@ def _sign(key: hmac.HMAC, user_id: str, admin: bool, expires_at: int) -> str:
 
 
 def _parse_payload(part: str) -> Principal:
+    # the part is base64url (the token pattern allows nothing else): decoded as standard
+    # base64 once - and _ are swapped back, at a third of urlsafe_b64decode's cost
+    padded = part.replace("-", "+").replace("_", "/") + "=" * (-len(part) % 4)
     try:
-        data = orjson.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        data = orjson.loads(binascii.a2b_base64(padded))
     except (binascii.Error, ValueError):  # orjson.JSONDecodeError is a ValueError
         raise AuthError("malformed token payload") from None
     if type(data) is not dict or len(data) != 3:
@@ -191,7 +219,11 @@ def _parse_payload(part: str) -> Principal:
         raise AuthError("malformed token payload")
     if not valid_user_id(sub):
         raise AuthError("malformed token payload")
-    return Principal(sub, adm, exp)
+    return _new_principal(Principal, (sub, adm, exp))
+
+
+#: a Principal from a tuple, without NamedTuple.__new__'s Python frame (a request each)
+_new_principal = tuple.__new__
 
 
 def _b64encode(raw: bytes) -> str:

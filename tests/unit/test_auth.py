@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import stat
 from pathlib import Path
@@ -66,6 +68,18 @@ def test_forged_signature() -> None:
     flipped = sig[:-2] + ("A" if sig[-2] != "A" else "B") + sig[-1]
     with pytest.raises(AuthError, match="signature"):
         verify_token(SECRET, f"{head}.{payload}.{flipped}", now=NOW)
+
+
+@pytest.mark.parametrize("key_length", [16, 32, 63, 64, 65, 200])
+def test_signature_is_standard_hmac_sha256(key_length: int) -> None:
+    """The signature is HMAC-SHA256 as `hmac` makes it, for keys up to and beyond
+    SHA-256's 64-byte block (a longer key is hashed first)."""
+    secret = bytes(range(7, 7 + key_length))
+    token = issue_token(secret, "alice", now=NOW)
+    signed, _, sig = token.rpartition(".")
+    expected = hmac.new(secret, signed.encode(), hashlib.sha256).digest()
+    assert sig == b64(expected)
+    assert verify_token(secret, token, now=NOW).user_id == "alice"
 
 
 def test_tampered_payload() -> None:
