@@ -94,6 +94,30 @@ async def test_grabs_arriving_during_a_call_ride_the_next_one(store: RedisStore)
     assert (coalescer.calls, counting.most_in_flight) == (2, 1)
 
 
+async def test_grabs_read_in_the_turns_after_a_call_join_the_waiting_ones(
+    store: RedisStore,
+) -> None:
+    """After a call, a lane with few grabs waiting lets the event loop turn a few times
+    before the next call: requests read meanwhile ride along (fewer, fuller calls)."""
+    counting = CountingStore(store.client, store.buckets)
+    counting.gate, counting.started = asyncio.Event(), asyncio.Event()
+    coalescer = GrabCoalescer(counting, max_batch=64, max_in_flight=1)
+    keys = await load(store, 100)
+    first = asyncio.ensure_future(coalescer.grab(keys, "u0"))
+    await counting.started.wait()
+    waiting = asyncio.ensure_future(coalescer.grab(keys, "u1"))
+    await asyncio.sleep(0)
+    late: list[asyncio.Future[object]] = []
+    # a request read two turns after the first call's answers: u0's task ends in the
+    # first turn, its done-callback runs in the second
+    first.add_done_callback(lambda _: late.append(coalescer.submit(keys, "u2")))
+    counting.gate.set()
+    answers = await asyncio.gather(first, waiting)
+    await asyncio.gather(*late)
+    assert all(status is GrabStatus.GRANTED for status, _ in answers)
+    assert (coalescer.calls, coalescer.grabs) == (2, 3)
+
+
 async def test_a_storm_opens_further_calls(store: RedisStore) -> None:
     counting = CountingStore(store.client, store.buckets)
     coalescer = GrabCoalescer(counting, max_batch=32, max_in_flight=4, parallel_at=16)
