@@ -150,7 +150,7 @@ def secret_from_env_or_dir(env_value: str | None, data_dir: Path | None) -> byte
 
 
 class _HmacSha256:
-    """HMAC-SHA256 under one key, the key's two padded blocks hashed once (RFC 2104, 4).
+    """HMAC-SHA256 under one key, the key's two padded blocks hashed once (RFC 2104 §4).
 
     The construction `hmac` itself uses; here each message costs two copies of hash
     states instead of an `hmac.HMAC` copy (1.9 against 4.5 µs a token here, where every
@@ -204,8 +204,9 @@ def _sign(key: _HmacSha256, user_id: str, admin: bool, expires_at: int) -> str:
 
 
 def _parse_payload(part: str) -> Principal:
-    # the part is base64url (the token pattern allows nothing else): decoded as standard
-    # base64 once - and _ are swapped back, at a third of urlsafe_b64decode's cost
+    # the part is base64url (the token pattern allows nothing else): with "-" and "_"
+    # swapped back to "+" and "/" it decodes as standard base64, at a third of the cost
+    # of urlsafe_b64decode
     padded = part.replace("-", "+").replace("_", "/") + "=" * (-len(part) % 4)
     try:
         data = orjson.loads(binascii.a2b_base64(padded))
