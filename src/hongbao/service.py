@@ -36,6 +36,7 @@ from hongbao.domain.money import require_amount
 from hongbao.domain.splitting import split
 from hongbao.durability import make_durability
 from hongbao.errors import (
+    HongbaoError,
     InvalidRequest,
     PacketExhausted,
     PacketExpired,
@@ -189,32 +190,18 @@ class Hongbao:
             raise PacketNotFound(f"no packet {packet_id!r}")
         keys = self.store.keys(packet_id)
         status, claim = await self._grab(keys, user_id)
-        if claim is not None and not self.durability.waits:
-            # the answer to almost every grab, built here without a further call
-            seq, amount, at = claim
-            first = status is GrabStatus.GRANTED
-            return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
-        if status is GrabStatus.UNKNOWN and await self.ensure_loaded(packet_id):
-            status, claim = await self._grab(keys, user_id)
-        if status is GrabStatus.UNKNOWN:
-            return await self._grab_from_ledger(packet_id, user_id)
-        if claim is not None and self.durability.waits:
+        if status is GrabStatus.UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
+            if await self.ensure_loaded(packet_id):
+                status, claim = await self._grab(keys, user_id)
+            if status is GrabStatus.UNKNOWN:
+                return await self._grab_from_ledger(packet_id, user_id)
+        if claim is None:
+            raise _refusal(packet_id, status)
+        if self.durability.waits:
             await self.durability.confirm(keys, user_id, claim)
-        return self._grab_answer(packet_id, user_id, status, claim)
-
-    def _grab_answer(
-        self, packet_id: str, user_id: str, status: GrabStatus, claim: ClaimValue | None
-    ) -> GrabResult:
-        if claim is not None:
-            first = status is GrabStatus.GRANTED
-            return GrabResult(
-                packet_id, user_id, claim.amount, claim.seq, first, claim.claimed_at_ms
-            )
-        if status is GrabStatus.EXHAUSTED:
-            raise PacketExhausted(f"packet {packet_id} has no shares left")
-        if status is GrabStatus.EXPIRED:
-            raise PacketExpired(f"packet {packet_id} has expired")
-        raise PacketNotFound(f"no packet {packet_id!r}")
+        seq, amount, at = claim
+        first = status is GrabStatus.GRANTED
+        return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
 
     async def _grab_from_ledger(self, packet_id: str, user_id: str) -> GrabResult:
         """A packet Redis no longer holds (closed long ago): answer from SQL."""
@@ -350,6 +337,15 @@ class Hongbao:
             if len(self._records) > _RECORD_CACHE:
                 self._records.popitem(last=False)
         return record
+
+
+def _refusal(packet_id: str, status: GrabStatus) -> HongbaoError:
+    """Why a grab that got no share was turned away."""
+    if status is GrabStatus.EXHAUSTED:
+        return PacketExhausted(f"packet {packet_id} has no shares left")
+    if status is GrabStatus.EXPIRED:
+        return PacketExpired(f"packet {packet_id} has expired")
+    return PacketNotFound(f"no packet {packet_id!r}")
 
 
 def _live_status(live: LiveStatus) -> PacketStatus:
