@@ -32,6 +32,26 @@ end
 
 local CHUNK = 1000  -- unpack() has a stack limit: commands take their arguments in slices
 
+-- a claim held before ("seq:amount:claimed_at_ms"), answered as status 2
+local function put_prior(claim, user)
+  local s, a, ms = string.match(claim, '^(%d+):(%d+):(%d+)$')
+  if not s then
+    error('malformed claim of ' .. user)
+  end
+  put(2, tonumber(s), tonumber(a), tonumber(ms))
+end
+
+-- a popped share (index * 2^32 + amount): its seq, amount and claim text; nil if malformed
+local function share_claim(text)
+  local packed = tonumber(text)
+  if not packed then
+    return nil
+  end
+  local index = math.floor(packed / 4294967296)
+  local amount = packed - index * 4294967296
+  return index + 1, amount, string.format('%d:%d', index + 1, amount) .. claim_tail
+end
+
 -- user -> the claim text (prior or granted now), or false when the user holds none
 local function read_claims(claims_key, users)
   local claimed = {}
@@ -79,11 +99,7 @@ end
 local function grab_one(meta_key, shares_key, claims_key, user, done)
   local prior = redis.call('HGET', claims_key, user)
   if prior then
-    local s, a, ms = string.match(prior, '^(%d+):(%d+):(%d+)$')
-    if not s then
-      error('malformed claim of ' .. user)
-    end
-    return put(2, tonumber(s), tonumber(a), tonumber(ms))
+    return put_prior(prior, user)
   end
   local state = packet_state(meta_key)
   local raw = state == -1 and redis.call('LPOP', shares_key)
@@ -92,17 +108,14 @@ local function grab_one(meta_key, shares_key, claims_key, user, done)
   elseif not raw then
     return put(3, 0, 0, 0)
   end
-  local packed = tonumber(raw)
-  if not packed then
+  local seq, amount, claim = share_claim(raw)
+  if not seq then
     push_back(shares_key, {raw})
     error('malformed share')
   end
-  local index = math.floor(packed / 4294967296)
-  local amount = packed - index * 4294967296
-  local claim = string.format('%d:%d', index + 1, amount) .. claim_tail
   redis.call('HSET', claims_key, user, claim)
   done.grants[1], done.taken = user .. ' ' .. claim, amount
-  put(1, index + 1, amount, now)
+  put(1, seq, amount, now)
 end
 
 -- the grabs of one packet, users in order; the grants are added to `done`
@@ -126,17 +139,14 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done)
   -- share k goes to wanting[k]: claimed[user] = k, its claim is fields[2k]
   local fields, seqs, amounts, lines, taken = {}, {}, {}, {}, 0
   for k, text in ipairs(raw) do
-    local packed = tonumber(text)
-    if not packed then
+    local seq, amount, claim = share_claim(text)
+    if not seq then
       push_back(shares_key, raw)
       error('malformed share')
     end
-    local index = math.floor(packed / 4294967296)
-    local amount = packed - index * 4294967296
     local user = wanting[k]
-    local claim = string.format('%d:%d', index + 1, amount) .. claim_tail
     fields[2 * k - 1], fields[2 * k] = user, claim
-    seqs[k], amounts[k] = index + 1, amount
+    seqs[k], amounts[k] = seq, amount
     lines[k], taken = user .. ' ' .. claim, taken + amount
     claimed[user] = k
   end
@@ -150,8 +160,7 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done)
       put(1, seqs[claim], amounts[claim], now)
       claimed[user] = fields[2 * claim]
     elseif claim then
-      local s, a, ms = string.match(claim, '^(%d+):(%d+):(%d+)$')
-      put(2, tonumber(s), tonumber(a), tonumber(ms))
+      put_prior(claim, user)  -- read_claims checked its form: no error after the writes
     else
       put(state, 0, 0, 0)
     end
