@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -246,7 +248,7 @@ def serve(
     """Run the HTTP API (with no Redis URL: an embedded server and SQLite under --data-dir)."""
     import uvicorn
 
-    from hongbao.api.app import ENV_DATA_DIR, ENV_DEMO, create_app
+    from hongbao.api.app import ENV_DATA_DIR, ENV_DEMO, ENV_METRICS_DIR, create_app
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
@@ -269,6 +271,7 @@ def serve(
     previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
     server: EmbeddedServer | None = None
     background: BackgroundWorkers | None = None
+    metrics_dir: str | None = None
     try:
         with friendly_errors():
             secret = secret_from_env_or_dir(os.environ.get("HONGBAO_SECRET"), data_dir)
@@ -304,10 +307,15 @@ def serve(
                 create_app(settings, secret, run_workers=persister, demo_mode=embedded), **options
             )
         else:
+            metrics_dir = tempfile.mkdtemp(prefix="hongbao-metrics-")
             os.environ.update(
                 HONGBAO_REDIS_URL=settings.redis_url,
                 HONGBAO_DATABASE_URL=settings.database_url,
-                **{ENV_DATA_DIR: str(data_dir), ENV_DEMO: "1" if embedded else "0"},
+                **{
+                    ENV_DATA_DIR: str(data_dir),
+                    ENV_DEMO: "1" if embedded else "0",
+                    ENV_METRICS_DIR: metrics_dir,
+                },
             )
             if persister:
                 background = BackgroundWorkers(settings)
@@ -321,6 +329,8 @@ def serve(
         try:
             if background is not None:
                 background.stop()
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
         finally:
             if server is not None:
                 server.stop()

@@ -1,14 +1,23 @@
-"""Prometheus metrics of one API process (each uvicorn worker keeps its own).
+"""Prometheus metrics of the API: grabs by outcome, grab latency, and two gauges read
+from Redis at scrape time (persister backlog, dead-lettered entries).
 
-Kept small: grabs by outcome, grab latency, and two gauges read from Redis at
-scrape time (persister backlog, dead-lettered entries).
+Under `hongbao serve --workers N` a scrape reaches one worker, so the workers share a
+folder: each writes its grab tally there every `PUBLISH_SECONDS`, and the worker that
+answers a scrape adds the others' files to its own live numbers. The others' part is up
+to that long behind. A worker that exited leaves its file, so the totals never drop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import secrets
 from bisect import bisect_left
 from collections.abc import Iterator
+from pathlib import Path
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import (
     CollectorRegistry,
@@ -24,7 +33,12 @@ from hongbao.errors import StorageError
 from hongbao.keys import dead_letter_key
 from hongbao.storage.redis import RedisStore
 
-__all__ = ["CONTENT_TYPE", "GRAB_OUTCOMES", "GrabTally", "Metrics"]
+__all__ = ["CONTENT_TYPE", "GRAB_OUTCOMES", "PUBLISH_SECONDS", "GrabTally", "Metrics"]
+
+log = logging.getLogger(__name__)
+
+#: how often each worker writes its tally for the others (the lag of their part)
+PUBLISH_SECONDS = 1.0
 
 # no *_created series: they would double the output for nothing here
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -53,42 +67,94 @@ class GrabTally(Collector):
     only adds to a dict and a list, and `collect` builds the two families at scrape time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared_dir: Path | None = None) -> None:
         self.outcomes = dict.fromkeys(GRAB_OUTCOMES, 0)
         #: per latency bucket (le = _LATENCY_BUCKETS[i]), then the ones above the last
         self.in_bucket = [0] * (len(_LATENCY_BUCKETS) + 1)
         self.seconds = 0.0
+        #: the workers' folder, and this process's file in it (the pid may be reused)
+        self.shared_dir = shared_dir
+        self._own_file = (
+            shared_dir / f"{os.getpid()}-{secrets.token_hex(4)}.json" if shared_dir else None
+        )
 
     def record(self, outcome: str, seconds: float) -> None:
         self.outcomes[outcome] += 1
         self.in_bucket[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
         self.seconds += seconds
 
+    def publish(self) -> None:
+        """Write this process's tally for the other workers (replaced atomically)."""
+        if self._own_file is None:
+            return
+        data = {"outcomes": self.outcomes, "in_bucket": self.in_bucket, "seconds": self.seconds}
+        partial = self._own_file.with_suffix(".partial")
+        try:
+            partial.write_bytes(orjson.dumps(data))
+            os.replace(partial, self._own_file)
+        except OSError as exc:
+            log.warning("could not write the grab tally to %s: %s", self._own_file, exc)
+
+    def _totals(self) -> tuple[dict[str, int], list[int], float]:
+        """This process's numbers plus the other workers' last published ones."""
+        outcomes, in_bucket, seconds = dict(self.outcomes), list(self.in_bucket), self.seconds
+        if self.shared_dir is None:
+            return outcomes, in_bucket, seconds
+        for path in self.shared_dir.glob("*.json"):
+            if path == self._own_file:
+                continue
+            other = _read_tally(path)
+            if other is None:
+                continue
+            for outcome, count in other[0].items():
+                outcomes[outcome] += count
+            in_bucket = [a + b for a, b in zip(in_bucket, other[1], strict=True)]
+            seconds += other[2]
+        return outcomes, in_bucket, seconds
+
     def collect(self) -> Iterator[Metric]:
+        outcomes, in_bucket, seconds = self._totals()
         grabs = CounterMetricFamily(
             "hongbao_grabs", "Grab requests by outcome.", labels=["outcome"]
         )
-        for outcome, count in self.outcomes.items():
+        for outcome, count in outcomes.items():
             grabs.add_metric([outcome], count)
         yield grabs
         cumulative, buckets = 0, []
-        for bound, count in zip((*_LATENCY_BUCKETS, float("inf")), self.in_bucket, strict=True):
+        for bound, count in zip((*_LATENCY_BUCKETS, float("inf")), in_bucket, strict=True):
             cumulative += count
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
         yield HistogramMetricFamily(
             "hongbao_grab_seconds",
             "Time spent answering a grab request, seconds.",
             buckets=buckets,
-            sum_value=self.seconds,
+            sum_value=seconds,
         )
 
 
-class Metrics:
-    """The metrics of one app, in a private registry (several apps may share a process)."""
+def _read_tally(path: Path) -> tuple[dict[str, int], list[int], float] | None:
+    """Another worker's published tally, or None (logged) when it cannot be read."""
+    try:
+        data = orjson.loads(path.read_bytes())
+        outcomes = {o: int(data["outcomes"].get(o, 0)) for o in GRAB_OUTCOMES}
+        in_bucket = [int(n) for n in data["in_bucket"]]
+        seconds = float(data["seconds"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("skipping the unreadable grab tally %s: %s", path, exc)
+        return None
+    if len(in_bucket) != len(_LATENCY_BUCKETS) + 1:
+        log.warning("skipping the grab tally %s: it has other latency buckets", path)
+        return None
+    return outcomes, in_bucket, seconds
 
-    def __init__(self) -> None:
+
+class Metrics:
+    """The metrics of one app, in a private registry (several apps may share a process);
+    with `shared_dir`, the grab tallies of all workers sharing it."""
+
+    def __init__(self, shared_dir: Path | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.grabs = GrabTally()
+        self.grabs = GrabTally(shared_dir)
         self.registry.register(self.grabs)
         self.backlog = Gauge(
             "hongbao_persister_backlog",
@@ -117,3 +183,9 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def publish_forever(self) -> None:
+        """Publish the grab tally every `PUBLISH_SECONDS` (a task of each shared worker)."""
+        while True:
+            await asyncio.sleep(PUBLISH_SECONDS)
+            self.grabs.publish()

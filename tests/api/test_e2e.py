@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hongbao.metrics import PUBLISH_SECONDS
 from tests.api.serving import Serve, audit, separate_worker, servers_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -276,10 +277,25 @@ def _send_grab_expire(server: Serve) -> None:
         )
 
 
+def _grab_counts(text: str) -> dict[str, float]:
+    prefix = 'hongbao_grabs_total{outcome="'
+    return {
+        line[len(prefix) :].split('"')[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
 def test_serve_with_several_api_processes(tmp_path: Path) -> None:
     server = Serve(tmp_path / "data", None, "--workers", "2")
     with server:
-        _send_grab_expire(server)
+        _send_grab_expire(server)  # one granted grab, one refused as expired
+        time.sleep(PUBLISH_SECONDS * 1.5)
+        # each scrape on a new connection, answered by either worker: all count both grabs
+        scrapes = [httpx.get(f"{server.url}/metrics", timeout=10) for _ in range(12)]
+        for scrape in scrapes:
+            counts = _grab_counts(scrape.text)
+            assert (counts["granted"], counts["expired"]) == (1, 1), scrape.text
         stop_cleanly(server)
     assert audit(tmp_path / "data") == []
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from hongbao.metrics import _LATENCY_BUCKETS, GRAB_OUTCOMES, Metrics
@@ -33,3 +37,46 @@ def test_tally_matches_the_library_metrics() -> None:
     ours, theirs = metrics.render().decode(), generate_latest(reference).decode()
     for prefix in ("hongbao_grabs_total", "hongbao_grab_seconds_"):
         assert _series(ours, prefix) == _series(theirs, prefix)
+
+
+def _without_sum(text: str) -> list[str]:
+    return [line for line in _series(text, "hongbao_grab") if "_sum" not in line]
+
+
+def _sum(text: str) -> float:
+    [line] = _series(text, "hongbao_grab_seconds_sum")
+    return float(line.split()[-1])
+
+
+def test_workers_sharing_a_folder_each_report_the_grabs_of_all(tmp_path: Path) -> None:
+    """`serve --workers N`: a scrape reaches one worker, and it counts every worker's grabs."""
+    one, other, reference = Metrics(tmp_path), Metrics(tmp_path), Metrics()
+    for k, (outcome, seconds) in enumerate(SAMPLES):
+        (one if k % 2 else other).grabs.record(outcome, seconds)
+        reference.grabs.record(outcome, seconds)
+    alone = Metrics()
+    for k, (outcome, seconds) in enumerate(SAMPLES):
+        if not k % 2:
+            alone.grabs.record(outcome, seconds)
+    # nothing published yet: each worker knows its own grabs only
+    assert _without_sum(other.render().decode()) == _without_sum(alone.render().decode())
+
+    one.grabs.publish()
+    other.grabs.publish()  # its own file is not counted twice
+    for metrics in (one, other):
+        text, want = metrics.render().decode(), reference.render().decode()
+        assert _without_sum(text) == _without_sum(want)
+        assert _sum(text) == pytest.approx(_sum(want))
+
+
+def test_an_unreadable_tally_of_another_worker_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "torn.json").write_bytes(b'{"outcomes": {"granted": 1')
+    (tmp_path / "other-buckets.json").write_bytes(
+        orjson.dumps({"outcomes": {"granted": 5}, "in_bucket": [5], "seconds": 1.0})
+    )
+    (tmp_path / "left.partial").write_bytes(b"not json")  # a write cut short
+    metrics, reference = Metrics(tmp_path), Metrics()
+    for outcome, seconds in SAMPLES:
+        metrics.grabs.record(outcome, seconds)
+        reference.grabs.record(outcome, seconds)
+    assert metrics.render() == reference.render()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -23,21 +24,29 @@ from hongbao.settings import Settings
 #: environment read by `app_from_env` (set by `hongbao serve --workers N` for its workers)
 ENV_DATA_DIR = "HONGBAO_DATA_DIR"
 ENV_DEMO = "HONGBAO_DEMO_MODE"
+#: the folder where the workers share their grab tallies (see `hongbao.metrics`)
+ENV_METRICS_DIR = "HONGBAO_METRICS_DIR"
 
 
 def create_app(
-    settings: Settings, secret: bytes, *, run_workers: bool, demo_mode: bool = False
+    settings: Settings,
+    secret: bytes,
+    *,
+    run_workers: bool,
+    demo_mode: bool = False,
+    metrics_dir: Path | None = None,
 ) -> Starlette:
     """The HTTP API over a service built from `settings` when the app starts.
 
     `run_workers` also runs the persister and expiry sweeper in this process (one
     process of a deployment should, or a separate `hongbao worker`). The web app
     (`hongbao.web`) is served at ``/``; `demo_mode` (the embedded default) adds its
-    demo sign-in endpoint ``POST /demo/token``.
+    demo sign-in endpoint ``POST /demo/token``. Workers of one server pass the same
+    `metrics_dir`, so that any of them answers ``/metrics`` with all their grabs.
     """
     from hongbao.web.routes import WebApp  # here: hongbao.web imports from hongbao.api
 
-    api = Api(settings, secret, Metrics())
+    api = Api(settings, secret, Metrics(metrics_dir))
     web = WebApp(api, demo_mode=demo_mode)
     api.openapi = json.dumps(build_openapi(settings), ensure_ascii=False).encode()
 
@@ -46,9 +55,17 @@ def create_app(
         async with running_service(settings, workers=run_workers) as runtime:
             api.runtime = runtime
             web.start()
+            publisher = (
+                asyncio.create_task(api.metrics.publish_forever())
+                if metrics_dir is not None
+                else None
+            )
             try:
                 yield
             finally:
+                if publisher is not None:
+                    publisher.cancel()
+                    api.metrics.grabs.publish()  # the last grabs of this worker count too
                 await web.aclose()
                 api.runtime = None
 
@@ -68,9 +85,11 @@ def app_from_env() -> Starlette:
     secret = secret_from_env_or_dir(
         os.environ.get("HONGBAO_SECRET"), Path(data_dir) if data_dir else None
     )
+    metrics_dir = os.environ.get(ENV_METRICS_DIR)
     return create_app(
         Settings.from_env(),
         secret,
         run_workers=False,
         demo_mode=os.environ.get(ENV_DEMO) == "1",
+        metrics_dir=Path(metrics_dir) if metrics_dir else None,
     )
