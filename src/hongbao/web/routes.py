@@ -18,8 +18,8 @@
 - ``GET /admin/stats`` (admin token): the dashboard's numbers, read from the
   service's own Prometheus metrics (grabs/s, persister backlog, dead letters), the
   ledger (live packets) and the audit (`hongbao.audit`, else the ledger's own
-  invariants; run at most every `AUDIT_SECONDS`). Metrics
-  are per API process: with ``--workers N`` each process reports its own grabs/s.
+  invariants; run at most every `AUDIT_SECONDS`). With ``--workers N`` the grab
+  counts are those of all the workers (the others' up to `PUBLISH_SECONDS` behind).
 """
 
 from __future__ import annotations
