@@ -521,6 +521,8 @@ async def test_health_ready_metrics_openapi(client: httpx.AsyncClient) -> None:
         "/v1/packets/{packet_id}",
         "/v1/packets/{packet_id}/grab",
         "/v1/packets/{packet_id}/claims",
+        "/v1/packets/{packet_id}/events",
+        "/admin/stats",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -543,3 +545,24 @@ async def test_concurrent_grabs_in_process(client: httpx.AsyncClient) -> None:
     assert sum(w["amount"] for w in won) == 5000
     assert sorted(w["seq"] for w in won) == list(range(1, 21))
     assert sum(r.status_code == 410 for r in results) == 40
+
+
+async def test_the_web_apps_json_endpoints_answer_as_documented(client: httpx.AsyncClient) -> None:
+    """The client checks every answer against /openapi.json (tests/api/conftest.py)."""
+    assert (await client.get("/admin/stats")).status_code == 401
+    assert (await client.get("/admin/stats", headers=bearer("alice"))).status_code == 403
+    r = await client.get("/admin/stats", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["audit"]["ok"] is True, r.text
+    missing = "/v1/packets/01zzzzzzzzzzzzzzzzzzzzzzzz/events"
+    assert (await client.get(missing)).status_code == 401
+    assert (await client.get(missing, params={"token": "forged"})).status_code == 401
+    assert (await client.get(missing, headers=bearer("alice"))).status_code == 404
+
+
+def test_demo_sign_in_is_documented_in_demo_mode_only() -> None:
+    from hongbao.api.openapi import build_openapi
+    from hongbao.settings import Settings
+
+    assert "/demo/token" not in build_openapi(Settings())["paths"]
+    demo = build_openapi(Settings(), demo_mode=True)["paths"]["/demo/token"]["post"]
+    assert demo["security"] == [] and set(demo["responses"]) == {"201", "413", "415", "422", "503"}

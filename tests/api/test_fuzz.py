@@ -3,7 +3,8 @@
 Every check runs except `positive_data_acceptance`: two rules of the contract cannot be
 said in JSON Schema, so schema-valid requests may rightly get 422 -- the split bounds
 (total_amount between count × min and count × max share) and "floats are refused"
-(JSON Schema counts 100.0 as an integer). A 5xx, an undocumented status or media type,
+(JSON Schema counts 100.0 as an integer). The live event stream is left out (see
+below). A 5xx, an undocumented status or media type,
 a response body off its schema, an accepted invalid request or ignored auth all fail.
 """
 
@@ -37,6 +38,10 @@ def schemathesis(url: str, token: str, seed: int, cwd: Path) -> subprocess.Compl
             "all",
             "--exclude-checks",
             "positive_data_acceptance",
+            # a found packet's event stream stays open for minutes: each such case would
+            # wait out the request timeout (tests/web covers the stream)
+            "--exclude-operation-id",
+            "packetEvents",
             "--max-examples",
             str(MAX_EXAMPLES),
             "--seed",

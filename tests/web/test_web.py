@@ -391,13 +391,23 @@ def test_event_stream_and_demo_endpoint(server: Serve) -> None:
         assert stream.headers["content-type"].startswith("text/event-stream")
         started = time.monotonic()
         lines = stream.iter_lines()
-        data = None
+        data, event = None, None
         for line in lines:
+            if line.startswith("event: "):
+                event = line[7:]
             if line.startswith("data: "):
                 data = json.loads(line[6:])
                 break
             assert time.monotonic() - started < 10
     assert data is not None
+    # the event and its data are as /openapi.json says
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    events = doc["paths"]["/v1/packets/{packet_id}/events"]["get"]["responses"]["200"]
+    schema = events["content"]["text/event-stream"]["schema"]
+    _validate(doc, schema, {"event": event, "data": json.dumps(data)})
+    _validate(doc, schema["properties"]["data"]["contentSchema"], data)
+    sign_in = doc["paths"]["/demo/token"]["post"]["responses"]["201"]["content"]
+    _validate(doc, sign_in["application/json"]["schema"], signed_in.json())
     assert data["packet"]["id"] == packet_id
     assert data["packet"]["remaining_count"] == 1
     assert data["claims"] == {"packet_id": packet_id, "claims": [], "best_luck": None}
@@ -425,3 +435,10 @@ def test_demo_sign_in_only_in_demo_mode() -> None:
     assert {"/", "/p/{packet_id}", "/admin", "/v1/packets/{packet_id}/events"} <= paths
     demo = create_app(settings, secret, run_workers=False, demo_mode=True)
     assert "/demo/token" in {getattr(r, "path", None) for r in demo.routes}
+
+
+def _validate(doc: dict[str, Any], schema: dict[str, Any], value: Any) -> None:
+    import jsonschema_rs
+
+    root = {**schema, "components": doc["components"]}
+    jsonschema_rs.Draft202012Validator(root, validate_formats=True).validate(value)

@@ -48,7 +48,9 @@ def create_app(
 
     api = Api(settings, secret, Metrics(metrics_dir))
     web = WebApp(api, demo_mode=demo_mode)
-    api.openapi = json.dumps(build_openapi(settings), ensure_ascii=False).encode()
+    api.openapi = json.dumps(
+        build_openapi(settings, demo_mode=demo_mode), ensure_ascii=False
+    ).encode()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -11,7 +11,10 @@ import hongbao
 from hongbao.api.errors import PROBLEM_TYPE
 from hongbao.api.routes import IDEMPOTENCY_KEY_PATTERN, MAX_BODY
 from hongbao.api.schemas import (
+    AdminStats,
     ClaimsOut,
+    DemoSignIn,
+    DemoTokenOut,
     DepositRequest,
     GrabOut,
     Health,
@@ -35,6 +38,9 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (ClaimsOut, "serialization"),
     (Problem, "serialization"),
     (Health, "serialization"),
+    (AdminStats, "serialization"),
+    (DemoSignIn, "validation"),
+    (DemoTokenOut, "serialization"),
 ]
 
 _ERRORS = {
@@ -51,7 +57,8 @@ _ERRORS = {
 }
 
 
-def build_openapi(settings: Settings) -> dict[str, Any]:
+def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, Any]:
+    """The document; `demo_mode` (the embedded default) adds ``POST /demo/token``."""
     _, defs = models_json_schema(_MODELS, ref_template=REF)
     schemas: dict[str, Any] = defs["$defs"]
     limits = settings.split_limits
@@ -140,6 +147,18 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                 [401, 404, 503],
             )
         },
+        "/v1/packets/{packet_id}/events": {"get": _events(packet)},
+        "/admin/stats": {
+            "get": _op(
+                "adminStats",
+                "The dashboard's numbers (admin only)",
+                [],
+                None,
+                200,
+                "AdminStats",
+                [401, 403, 503],
+            )
+        },
         "/healthz": {"get": _plain("healthz", "The process is up", {200: "Health"})},
         "/readyz": {
             "get": _plain(
@@ -173,6 +192,17 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
             }
         },
     }
+    if demo_mode:
+        sign_in = _op(
+            "demoToken",
+            "Demo sign-in: a user token for a name; the first sign-in deposits demo money",
+            [],
+            _body("DemoSignIn"),
+            201,
+            "DemoTokenOut",
+            [413, 415, 422, 503],
+        )
+        paths["/demo/token"] = {"post": {**sign_in, "security": []}}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -195,6 +225,51 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": REF.format(model=name)}
+
+
+def _events(packet: dict[str, Any]) -> dict[str, Any]:
+    token = {
+        "name": "token",
+        "in": "query",
+        "required": False,
+        "description": "the bearer token, for clients that cannot set headers (EventSource)",
+        "schema": {"type": "string"},
+    }
+    op = _op(
+        "packetEvents",
+        "Server-Sent Events: a `packet` event ({packet, claims}) now and on every change",
+        [packet, token],
+        None,
+        200,
+        "PacketOut",
+        [401, 404, 503],
+    )
+    data = {
+        "type": "object",
+        "required": ["packet", "claims"],
+        "properties": {"packet": _ref("PacketOut"), "claims": _ref("ClaimsOut")},
+    }
+    # OpenAPI 3.1 has no itemSchema (3.2): the schema of a text/event-stream is that of
+    # one event, as the HTML standard's fields (what schemathesis checks each event with)
+    event = {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"const": "packet"},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": data,
+            },
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+    }
+    op["responses"]["200"] = {
+        "description": "an event stream; it ends after a while and the client reconnects",
+        "content": {"text/event-stream": {"schema": event}},
+    }
+    return op
 
 
 def _path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:

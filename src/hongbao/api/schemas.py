@@ -110,6 +110,41 @@ class Health(BaseModel):
     status: Literal["ok", "ready"]
 
 
+# -- the web app's JSON endpoints (hongbao.web) --------------------------------------------
+
+
+class DemoSignIn(_Strict):
+    name: UserId
+
+
+class DemoTokenOut(BaseModel):
+    token: str = Field(description="a user token for `name`")
+    user_id: UserId
+    balance: Fen = Field(description="the wallet after the first sign-in's demo deposit")
+
+
+class AuditStatus(BaseModel):
+    ok: bool | None = Field(description="null when the audit itself could not run")
+    problem_count: int | None = Field(ge=0)
+    problems: list[str] = Field(description="the first 20 problems")
+    checked_at: str = Field(description="when the audit ran (its answer is kept ~10 s)")
+
+
+class AdminStats(BaseModel):
+    """The dashboard's numbers; null where the source did not answer."""
+
+    grabs_per_second: float | None = Field(description="over the last ~10 s")
+    granted_per_second: float | None
+    grabs_total: dict[str, int] = Field(description="grab requests by outcome, all workers")
+    backlog: int | None = Field(description="stream entries the persister has not applied")
+    dead_letters: int | None
+    live_packets: int | None = Field(description="open packets in the ledger (capped)")
+    live_packets_capped: bool
+    audit: AuditStatus
+    process: int = Field(description="the id of the API process that answered")
+    at: str
+
+
 # -- domain -> JSON ---------------------------------------------------------------------------
 
 

@@ -40,7 +40,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
@@ -48,8 +47,8 @@ from starlette.staticfiles import StaticFiles
 
 from hongbao.api.errors import forbidden
 from hongbao.api.routes import read_json
-from hongbao.api.schemas import claims_json, iso, packet_json
-from hongbao.auth import USER_ID_PATTERN, Principal, bearer_token, issue_token, verify_token
+from hongbao.api.schemas import DemoSignIn, claims_json, iso, packet_json
+from hongbao.auth import Principal, bearer_token, issue_token, verify_token
 from hongbao.errors import HongbaoError
 from hongbao.metrics import GRAB_OUTCOMES
 
@@ -82,12 +81,6 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
-
-
-class DemoSignIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    name: str = Field(pattern=USER_ID_PATTERN)
 
 
 @dataclass
