@@ -67,6 +67,7 @@ def create_app(
             finally:
                 if publisher is not None:
                     publisher.cancel()
+                    await asyncio.gather(publisher, return_exceptions=True)
                     api.metrics.grabs.publish()  # the last grabs of this worker count too
                 await web.aclose()
                 api.runtime = None
