@@ -235,15 +235,6 @@ def _events(packet: dict[str, Any]) -> dict[str, Any]:
         "description": "the bearer token, for clients that cannot set headers (EventSource)",
         "schema": {"type": "string"},
     }
-    op = _op(
-        "packetEvents",
-        "Server-Sent Events: a `packet` event ({packet, claims}) now and on every change",
-        [packet, token],
-        None,
-        200,
-        "PacketOut",
-        [401, 404, 503],
-    )
     data = {
         "type": "object",
         "required": ["packet", "claims"],
@@ -265,11 +256,16 @@ def _events(packet: dict[str, Any]) -> dict[str, Any]:
             "retry": {"type": "integer"},
         },
     }
-    op["responses"]["200"] = {
+    stream = {
         "description": "an event stream; it ends after a while and the client reconnects",
         "content": {"text/event-stream": {"schema": event}},
     }
-    return op
+    return {
+        "operationId": "packetEvents",
+        "summary": "Server-Sent Events: a `packet` event ({packet, claims}) now and on changes",
+        "parameters": [packet, token],
+        "responses": {"200": stream, **{str(c): _problem(_ERRORS[c]) for c in (401, 404, 503)}},
+    }
 
 
 def _path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:
