@@ -4,8 +4,8 @@ Every check runs except `positive_data_acceptance`: two rules of the contract ca
 said in JSON Schema, so schema-valid requests may rightly get 422 -- the split bounds
 (total_amount between count × min and count × max share) and "floats are refused"
 (JSON Schema counts 100.0 as an integer). The live event stream is left out (see
-below). A 5xx, an undocumented status or media type,
-a response body off its schema, an accepted invalid request or ignored auth all fail.
+below). A 5xx, an undocumented status or media type, a response body off its schema,
+an accepted invalid request or ignored auth all fail.
 """
 
 from __future__ import annotations
