@@ -290,12 +290,16 @@ def test_serve_with_several_api_processes(tmp_path: Path) -> None:
     server = Serve(tmp_path / "data", None, "--workers", "2")
     with server:
         _send_grab_expire(server)  # one granted grab, one refused as expired
-        time.sleep(PUBLISH_SECONDS * 1.5)
-        # each scrape on a new connection, answered by either worker: all count both grabs
-        scrapes = [httpx.get(f"{server.url}/metrics", timeout=10) for _ in range(12)]
-        for scrape in scrapes:
-            counts = _grab_counts(scrape.text)
-            assert (counts["granted"], counts["expired"]) == (1, 1), scrape.text
+        # each scrape on a new connection, answered by either worker: once the workers
+        # have published (every PUBLISH_SECONDS), every scrape counts both grabs
+        deadline = time.monotonic() + 10 * PUBLISH_SECONDS
+        while True:
+            time.sleep(PUBLISH_SECONDS)
+            scrapes = [httpx.get(f"{server.url}/metrics", timeout=10).text for _ in range(12)]
+            seen = [_grab_counts(text) for text in scrapes]
+            if all((c["granted"], c["expired"]) == (1, 1) for c in seen):
+                break
+            assert time.monotonic() < deadline, scrapes
         stop_cleanly(server)
     assert audit(tmp_path / "data") == []
 
