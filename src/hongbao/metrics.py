@@ -95,8 +95,9 @@ class GrabTally(Collector):
         except OSError as exc:
             log.warning("could not write the grab tally to %s: %s", self._own_file, exc)
 
-    def _totals(self) -> tuple[dict[str, int], list[int], float]:
-        """This process's numbers plus the other workers' last published ones."""
+    def totals(self) -> tuple[dict[str, int], list[int], float]:
+        """Grabs by outcome, per latency bucket, and their seconds: this process's numbers
+        plus the other workers' last published ones (their files are read once)."""
         outcomes, in_bucket, seconds = dict(self.outcomes), list(self.in_bucket), self.seconds
         if self.shared_dir is None:
             return outcomes, in_bucket, seconds
@@ -113,7 +114,7 @@ class GrabTally(Collector):
         return outcomes, in_bucket, seconds
 
     def collect(self) -> Iterator[Metric]:
-        outcomes, in_bucket, seconds = self._totals()
+        outcomes, in_bucket, seconds = self.totals()
         grabs = CounterMetricFamily(
             "hongbao_grabs", "Grab requests by outcome.", labels=["outcome"]
         )
@@ -184,8 +185,18 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def gauge_values(self) -> tuple[float, float]:
+        """The persister backlog and dead letters as the last `refresh` read them."""
+        return _gauge_value(self.backlog), _gauge_value(self.dead_letters)
+
     async def publish_forever(self) -> None:
         """Publish the grab tally every `PUBLISH_SECONDS` (a task of each shared worker)."""
         while True:
             await asyncio.sleep(PUBLISH_SECONDS)
             self.grabs.publish()
+
+
+def _gauge_value(gauge: Gauge) -> float:
+    """A label-less gauge's value, without collecting the whole registry (which would
+    read the other workers' tally files too)."""
+    return next(iter(gauge.collect())).samples[0].value

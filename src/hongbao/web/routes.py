@@ -50,7 +50,6 @@ from hongbao.api.routes import read_json
 from hongbao.api.schemas import DemoSignIn, claims_json, iso, packet_json
 from hongbao.auth import Principal, bearer_token, issue_token, verify_token
 from hongbao.errors import HongbaoError
-from hongbao.metrics import GRAB_OUTCOMES
 
 if TYPE_CHECKING:
     from hongbao.api.routes import Api
@@ -311,9 +310,8 @@ class WebApp:
         service = self.api.service
         metrics = self.api.metrics
         fresh = await metrics.refresh(service.store)
-        registry = metrics.registry
-        value = registry.get_sample_value
-        grabs = {o: int(value("hongbao_grabs_total", {"outcome": o}) or 0) for o in GRAB_OUTCOMES}
+        grabs, _, _ = metrics.grabs.totals()  # all workers' grabs
+        backlog, dead_letters = metrics.gauge_values()
         per_second, granted_per_second = self._rates(
             float(sum(grabs.values())), float(grabs["granted"])
         )
@@ -323,8 +321,8 @@ class WebApp:
                 "grabs_per_second": per_second,
                 "granted_per_second": granted_per_second,
                 "grabs_total": grabs,
-                "backlog": _gauge(registry.get_sample_value("hongbao_persister_backlog"), fresh),
-                "dead_letters": _gauge(registry.get_sample_value("hongbao_dead_letters"), fresh),
+                "backlog": _gauge(backlog, fresh),
+                "dead_letters": _gauge(dead_letters, fresh),
                 "live_packets": live,
                 "live_packets_capped": capped,
                 "audit": await self._audit_status(),
