@@ -264,7 +264,7 @@ def _events(packet: dict[str, Any]) -> dict[str, Any]:
         "operationId": "packetEvents",
         "summary": "Server-Sent Events: a `packet` event ({packet, claims}) now and on changes",
         "parameters": [packet, token],
-        "responses": {"200": stream, **{str(c): _problem(_ERRORS[c]) for c in (401, 404, 503)}},
+        "responses": {"200": stream, **_problems([401, 404, 503])},
     }
 
 
@@ -280,6 +280,11 @@ def _problem(description: str) -> dict[str, Any]:
     return {"description": description, "content": {PROBLEM_TYPE: {"schema": _ref("Problem")}}}
 
 
+def _problems(codes: list[int]) -> dict[str, Any]:
+    """The documented problem+json answers for these statuses."""
+    return {str(code): _problem(_ERRORS[code]) for code in codes}
+
+
 def _op(
     operation_id: str,
     summary: str,
@@ -292,8 +297,7 @@ def _op(
     responses: dict[str, Any] = {
         str(status): {"description": "OK", "content": {"application/json": {"schema": _ref(model)}}}
     }
-    for code in errors:
-        responses[str(code)] = _problem(_ERRORS[code])
+    responses.update(_problems(errors))
     op: dict[str, Any] = {"operationId": operation_id, "summary": summary, "responses": responses}
     if parameters:
         op["parameters"] = parameters
