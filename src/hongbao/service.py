@@ -51,6 +51,10 @@ from hongbao.storage.redis import Answer, ClaimValue, LiveStatus
 
 #: GrabResult from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
 _new_result = tuple.__new__
+#: module constants: reading a member off an Enum class goes through EnumType.__getattr__
+#: (about as costly as the rest of the status checks of a grab together)
+_UNKNOWN = GrabStatus.UNKNOWN
+_GRANTED = GrabStatus.GRANTED
 
 MAX_GREETING = 200
 _RECORD_CACHE = 10_000
@@ -190,17 +194,17 @@ class Hongbao:
             raise PacketNotFound(f"no packet {packet_id!r}")
         keys = self.store.keys(packet_id)
         status, claim = await self._grab(keys, user_id)
-        if status is GrabStatus.UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
+        if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             if await self.ensure_loaded(packet_id):
                 status, claim = await self._grab(keys, user_id)
-            if status is GrabStatus.UNKNOWN:
+            if status is _UNKNOWN:
                 return await self._grab_from_ledger(packet_id, user_id)
         if claim is None:
             raise _refusal(packet_id, status)
         if self.durability.waits:
             await self.durability.confirm(keys, user_id, claim)
         seq, amount, at = claim
-        first = status is GrabStatus.GRANTED
+        first = status is _GRANTED
         return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
 
     async def _grab_from_ledger(self, packet_id: str, user_id: str) -> GrabResult:
