@@ -58,6 +58,8 @@ _GRANTED = GrabStatus.GRANTED
 
 MAX_GREETING = 200
 _RECORD_CACHE = 10_000
+#: packet ids whose keys a grab finds without checking the id again (cleared when full)
+_GRAB_KEYS_CACHE = 16_384
 
 
 class Hongbao:
@@ -78,6 +80,8 @@ class Hongbao:
         self.rng = rng
         self._records: OrderedDict[str, PacketRecord] = OrderedDict()
         self._loading: dict[str, asyncio.Task[bool]] = {}
+        #: valid packet ids grabbed lately and their Redis keys: one dict lookup a grab
+        self._grab_keys: dict[str, PacketKeys] = {}
         self.coalescer = (
             GrabCoalescer(store, settings.coalesce_max_batch, settings.coalesce_max_in_flight)
             if settings.coalesce_max_batch > 1
@@ -190,9 +194,9 @@ class Hongbao:
     async def grab(self, packet_id: str, user_id: str) -> GrabResult:
         """Take one share for this user; the same user again gets the same share back."""
         require_user_id(user_id)
-        if not valid_packet_id(packet_id):
-            raise PacketNotFound(f"no packet {packet_id!r}")
-        keys = self.store.keys(packet_id)
+        keys = self._grab_keys.get(packet_id) if packet_id.__class__ is str else None
+        if keys is None:
+            keys = self._keys_to_grab(packet_id)
         status, claim = await self._grab(keys, user_id)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             if await self.ensure_loaded(packet_id):
@@ -206,6 +210,15 @@ class Hongbao:
         seq, amount, at = claim
         first = status is _GRANTED
         return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
+
+    def _keys_to_grab(self, packet_id: str) -> PacketKeys:
+        """A packet id not grabbed lately: check it, and keep its keys for the next grabs."""
+        if not valid_packet_id(packet_id):
+            raise PacketNotFound(f"no packet {packet_id!r}")
+        if len(self._grab_keys) >= _GRAB_KEYS_CACHE:
+            self._grab_keys.clear()
+        keys = self._grab_keys[packet_id] = self.store.keys(packet_id)
+        return keys
 
     async def _grab_from_ledger(self, packet_id: str, user_id: str) -> GrabResult:
         """A packet Redis no longer holds (closed long ago): answer from SQL."""
