@@ -38,8 +38,13 @@ def _valid_packet_id_text(packet_id: str) -> bool:
 
 
 def require_user_id(user_id: object, field: str = "user_id") -> str:
-    if user_id.__class__ is str and _USER_ID.fullmatch(user_id) is not None:
-        return user_id  # every grab comes here: one check, no further call
+    if user_id.__class__ is str:  # every grab comes here
+        # most ids are letters and digits: two str methods pass those for a quarter of
+        # what the regex match costs; any other id gets the match
+        if user_id.isascii() and user_id.isalnum() and len(user_id) <= 64:
+            return user_id
+        if _USER_ID.fullmatch(user_id) is not None:
+            return user_id
     if not valid_user_id(user_id):
         raise InvalidRequest(
             f"{field} must be 1-64 characters of letters, digits and _ . : @ -", field
