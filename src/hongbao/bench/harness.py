@@ -138,37 +138,53 @@ async def _grab_async(
 
 @dataclass
 class Storm:
-    """What a storm of `Hongbao.grab` calls got back."""
+    """What a storm of `Hongbao.grab` calls got back: grab k was made by user first_id + k."""
 
-    answers: list[Answer] = field(default_factory=list)
+    first_id: int = 1
+    #: amount won by grab k, None when it was refused or failed
+    won: list[int | None] = field(default_factory=list)
+    #: seconds grab k took
+    took: list[float] = field(default_factory=list)
     #: refusals and failures by exception name
     refusals: Counter[str] = field(default_factory=Counter)
     #: "Name: message" of each failure (StorageError...), which is not a refusal
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def answers(self) -> list[Answer]:
+        return [
+            (self.first_id + k, w, t)
+            for k, (w, t) in enumerate(zip(self.won, self.took, strict=True))
+        ]
 
 
 async def engine_storm(
     service: Hongbao, packet_ids: Sequence[str], names: Sequence[str], first_id: int, tasks: int
 ) -> Storm:
     """Grab k = 0 .. len(names)-1 by `tasks` concurrent grabbers: user names[k] (id
-    first_id + k) grabs packet_ids[k % len(packet_ids)], each grab timed."""
-    storm = Storm()
-    queue = iter(range(len(names)))
+    first_id + k) grabs packet_ids[k % len(packet_ids)], each grab timed.
+
+    Each grab's outcome goes into slot k of lists made beforehand, and `answers` is
+    built afterwards: the bench's own bookkeeping adds no tuple and no list growth to
+    a grab (that was ~4% of a grab's Python instructions, measured with callgrind)."""
+    n, hot = len(names), len(packet_ids)
+    storm = Storm(first_id, [None] * n, [0.0] * n)
+    won, took = storm.won, storm.took
+    queue = iter(range(n))
     clock = time.perf_counter
 
     async def grabber() -> None:
-        grab, append = service.grab, storm.answers.append
+        grab = service.grab
         for k in queue:
             started = clock()
-            won: int | None = None
             try:
-                won = (await grab(packet_ids[k % len(packet_ids)], names[k])).amount
+                won[k] = (await grab(packet_ids[k % hot], names[k])).amount
             except (PacketExhausted, PacketExpired, PacketNotFound) as exc:
                 storm.refusals[type(exc).__name__] += 1
             except HongbaoError as exc:  # StorageError...: a failure, not a refusal
                 storm.refusals[type(exc).__name__] += 1
                 storm.failures.append(f"{type(exc).__name__}: {exc}")
-            append((first_id + k, won, clock() - started))
+            took[k] = clock() - started
 
     await asyncio.gather(*(grabber() for _ in range(tasks)))
     return storm
