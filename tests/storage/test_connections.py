@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
 from hongbao.storage import RedisStore
-from hongbao.storage.connections import KeptConnections
+from hongbao.storage.connections import KeptConnections, pack_command
 
 pytestmark = pytest.mark.redis
 
@@ -16,6 +19,34 @@ pytestmark = pytest.mark.redis
 def kept(store: RedisStore) -> KeptConnections:
     assert store._kept is not None
     return store._kept
+
+
+# what the store sends: a one-word command name, then text and integer arguments
+_NAMES = st.text(st.characters(categories=["Lu", "Ll", "Nd"]), min_size=1, max_size=12)
+_ARGS = st.lists(
+    st.one_of(
+        st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
+        st.text(st.characters(max_codepoint=127), max_size=40),
+        st.integers(min_value=-(2**70), max_value=2**70),
+    ),
+    max_size=60,
+)
+
+
+@given(_NAMES, _ARGS)
+def test_pack_command_sends_what_redis_py_sends(name: str, args: list[str | int]) -> None:
+    assert pack_command(name, *args) == b"".join(Connection().pack_command(name, *args))
+
+
+@pytest.mark.parametrize("odd", [b"raw", 1.5, True, None, memoryview(b"m")])
+def test_pack_command_leaves_other_types_to_redis_py(odd: object) -> None:
+    assert pack_command("SET", "k", odd) is None
+
+
+async def test_text_of_any_script_round_trips(store: RedisStore) -> None:
+    args = ["h\u00e9llo", "\u7ea2\u5305", "", "a b", "x" * 10_000, 12, -7]
+    reply = await kept(store).call("EVAL", "return ARGV", 0, *args)
+    assert reply == [str(a) for a in args]
 
 
 async def test_calls_reuse_one_connection(store: RedisStore) -> None:
