@@ -3,8 +3,10 @@
 A grab is the one request that comes in storms, and every await in it resumes through
 each ASGI layer above it. This middleware sits right under Starlette's error middleware
 (so an unexpected error still becomes the 500 problem document) and hands the grab
-straight to `Api.grab_response`, the same code the routed endpoint runs. Everything
-else, and any path it does not recognise exactly, goes on to the router unchanged.
+straight to `Api.grab_answer`, the same code the routed endpoint runs. A granted grab's
+200 is sent as two ASGI messages built here (a Starlette Response object cost as much
+again as the rest of the answer). Everything else, and any path it does not recognise
+exactly, goes on to the router unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from hongbao.api.routes import Api
 
 _PREFIX = "/v1/packets/"
 _SUFFIX = "/grab"
+#: the header Starlette's Response(media_type="application/json") sends
+_JSON = (b"content-type", b"application/json")
 
 
 class GrabFastPath:
@@ -33,10 +37,13 @@ class GrabFastPath:
                 authorization = value.decode("latin-1")
                 break
         client = scope.get("client")
-        response = await self.api.grab_response(
-            packet_id, authorization, client[0] if client else None
-        )
-        await response(scope, receive, send)
+        answer = await self.api.grab_answer(packet_id, authorization, client[0] if client else None)
+        if isinstance(answer, bytes):
+            headers = [(b"content-length", b"%d" % len(answer)), _JSON]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
+        else:
+            await answer(scope, receive, send)
 
 
 def _grab_target(scope: Scope) -> str | None:

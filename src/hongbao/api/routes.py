@@ -140,16 +140,22 @@ class Api:
 
     async def grab(self, request: Request) -> Response:
         """The route; `GrabFastPath` answers these requests before routing (same code below)."""
-        return await self.grab_response(
+        answer = await self.grab_answer(
             request.path_params["packet_id"],
             request.headers.get("authorization"),
             _client_ip(request),
         )
+        if isinstance(answer, Response):
+            return answer
+        return Response(answer, media_type="application/json")
 
-    async def grab_response(
+    async def grab_answer(
         self, packet_id: str, authorization: str | None, client_ip: str | None
-    ) -> Response:
-        """The hot path: one HMAC check and one Redis script; no SQL on success."""
+    ) -> bytes | Response:
+        """The hot path: one HMAC check and one Redis script; no SQL on success.
+
+        A grab's answer is the JSON body of its 200 response; a refusal, the whole
+        problem response (the fast path writes a 200 without a Response object)."""
         started = time.perf_counter()
         try:
             caller = self.principal(authorization)
@@ -162,7 +168,7 @@ class Api:
             return api_problem(exc)
         outcome = "granted" if result.first else "repeat"
         self.metrics.grabs.record(outcome, time.perf_counter() - started)
-        return Response(orjson.dumps(grab_json(result)), media_type="application/json")
+        return orjson.dumps(grab_json(result))
 
     async def claims(self, request: Request) -> Response:
         self.caller(request)
