@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them (`token` 
 T = TypeVar("T")
 
 DEFAULT_DATA_DIR = Path("hongbao-data")
-SHUTDOWN_TIMEOUT = 10
 
 app = typer.Typer(
     name="hongbao",
@@ -192,6 +191,8 @@ class BackgroundWorkers:
             raise self._error
 
     def stop(self) -> None:
+        from hongbao.api.workers import SHUTDOWN_TIMEOUT  # here: it imports uvicorn
+
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 self._loop.call_soon_threadsafe(self._stop.set)
@@ -249,6 +250,7 @@ def serve(
     import uvicorn
 
     from hongbao.api.app import ENV_DATA_DIR, ENV_DEMO, ENV_METRICS_DIR, create_app
+    from hongbao.api.workers import serve_workers, uvicorn_options
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
@@ -293,15 +295,7 @@ def serve(
             markup=True,
             soft_wrap=True,
         )
-        options: dict[str, Any] = {
-            "host": host,
-            "port": port,
-            "log_level": log_level.lower(),
-            "access_log": access_log,
-            "lifespan": "on",
-            "timeout_graceful_shutdown": SHUTDOWN_TIMEOUT,
-            "server_header": False,
-        }
+        options = uvicorn_options(host, port, log_level.lower(), access_log)
         if workers == 1:
             uvicorn.run(
                 create_app(settings, secret, run_workers=persister, demo_mode=embedded), **options
@@ -320,7 +314,14 @@ def serve(
             if persister:
                 background = BackgroundWorkers(settings)
                 background.start()
-            uvicorn.run("hongbao.api.app:app_from_env", factory=True, workers=workers, **options)
+            try:
+                code = serve_workers(
+                    "hongbao.api.app:app_from_env", workers, {**options, "factory": True}
+                )
+            except OSError as exc:
+                fail(str(exc.strerror or exc))
+            if code:
+                fail("a worker could not start (see its log above)", code)
     except _Stop:
         pass
     finally:

@@ -176,3 +176,31 @@ class Serve:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(AssertionError):
                 self.stop()
+
+
+def worker_pids(server: Serve) -> list[int]:
+    """The API worker processes of `serve --workers N` (spawned children of the command)."""
+    assert server.proc is not None
+    pids: list[int] = []
+    for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(int(pid))
+    return sorted(pids)
+
+
+def connections_by_pid(port: int, pids: list[int]) -> dict[int, int]:
+    """How many established TCP connections to local `port` each of `pids` holds (Linux)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    inodes.add(fields[9])
+    held: dict[int, int] = {}
+    for pid in pids:
+        links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        held[pid] = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
+    return held

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import socket
 import stat
 import time
 from pathlib import Path
@@ -14,7 +16,15 @@ import httpx
 import pytest
 
 from hongbao.metrics import PUBLISH_SECONDS
-from tests.api.serving import Serve, audit, separate_worker, servers_for
+from tests.api.serving import (
+    Serve,
+    audit,
+    connections_by_pid,
+    run_cli,
+    separate_worker,
+    servers_for,
+    worker_pids,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -302,6 +312,47 @@ def test_serve_with_several_api_processes(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, scrapes
         stop_cleanly(server)
     assert audit(tmp_path / "data") == []
+
+
+def test_api_processes_share_the_connections_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    server = Serve(tmp_path / "data", None, "--workers", "2")
+    with server:
+        workers = worker_pids(server)
+        assert len(workers) == 2, server.log()
+        # each worker accepts on a socket of its own (SO_REUSEPORT): 40 connections opened
+        # together are spread across both (fewer than 8 on one: odds ~1e-5 if random)
+        clients = [httpx.Client(base_url=server.url, timeout=10) for _ in range(40)]
+        try:
+            for client in clients:
+                assert client.get("/healthz").status_code == 200
+            held = connections_by_pid(server.port, workers)
+            assert sum(held.values()) == 40 and min(held.values()) >= 8, held
+        finally:
+            for client in clients:
+                client.close()
+        # a worker killed outright is replaced; the server answers throughout
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (now := worker_pids(server)) == workers or len(now) != 2:
+            assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.2)
+        assert workers[0] not in now
+        assert f"worker {workers[0]} exited (-9)" in " ".join(server.log().split())  # wrapped
+        stop_cleanly(server)
+
+
+def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(
+            "serve", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--workers", "2"
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_external_redis_with_a_separate_worker(tmp_path: Path, redis_url: str) -> None:

@@ -735,11 +735,9 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         conns, secs = p.http_connections, p.http_seconds
         uvicorn_opts = ["--workers", str(HTTP_WORKERS), "--log-level", "info"]
 
-        # the ceiling: hello world on the same uvicorn setup (2 workers, same options)
+        # the ceiling: hello world on the same worker processes and uvicorn options
         port = _free_port()
-        hello_args = [sys.executable, "-m", "uvicorn", "hongbao.bench.hello:app"]
-        hello_args += ["--host", "127.0.0.1", "--port", str(port), *uvicorn_opts]
-        hello_args += ["--no-access-log", "--no-server-header"]
+        hello_args = [sys.executable, "-m", "hongbao.bench.hello", str(port), str(HTTP_WORKERS)]
         ctx.say("hello-world: starting 2 workers")
         with _server(hello_args, env, port, "/healthz", work / "hello.log") as server:
             ctx.say(f"hello-world: wrk {conns} connections, {secs:.0f}s")
