@@ -43,6 +43,11 @@ def test_pack_command_leaves_other_types_to_redis_py(odd: object) -> None:
     assert pack_command("SET", "k", odd) is None
 
 
+def test_pack_command_leaves_a_command_name_of_two_words_to_redis_py() -> None:
+    assert pack_command("SCRIPT LOAD", "return 1") is None
+    assert pack_command() is None
+
+
 async def test_text_of_any_script_round_trips(store: RedisStore) -> None:
     args = ["h\u00e9llo", "\u7ea2\u5305", "", "a b", "x" * 10_000, 12, -7]
     reply = await kept(store).call("EVAL", "return ARGV", 0, *args)

@@ -22,12 +22,15 @@ from redis.exceptions import ConnectionError, ResponseError
 
 def pack_command(*args: object) -> bytes | None:
     """The RESP bytes of a command of str and int arguments, as redis-py sends them;
-    None when another type is among them (redis-py's own packing takes those).
+    None when another type is among them, or the command name has a space (redis-py
+    sends "SCRIPT LOAD" as two words): redis-py's own packing takes those.
 
     A grab call over 8 packets has ~50 arguments: redis-py's `Connection.pack_command`
     took ~50 µs of the worker's CPU for them (its byte string grows by one join per
     argument). Here the whole command is one str, encoded once.
     """
+    if not args or type(args[0]) is not str or " " in args[0]:
+        return None
     texts: list[str] = []
     for arg in args:
         if type(arg) is str:
