@@ -342,6 +342,37 @@ def test_api_processes_share_the_connections_and_a_dead_one_is_replaced(tmp_path
         stop_cleanly(server)
 
 
+def test_api_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    """A SIGKILLed `serve --workers 2` cannot stop its workers itself: Linux does
+    (PR_SET_PDEATHSIG), so none is left serving on the port with nobody to restart it."""
+    server = Serve(tmp_path / "data", None, "--workers", "2")
+    workers: list[int] = []
+    try:
+        with server:
+            workers = worker_pids(server)
+            assert len(workers) == 2, server.log()
+            assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+            deadline = time.monotonic() + 30
+            while alive := [pid for pid in workers if _running(pid)]:
+                assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
+                time.sleep(0.1)
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"{server.url}/healthz", timeout=2)
+    finally:
+        # the embedded Redis outlives a crash by design (the next start replaces it)
+        orphans = [int(line.split()[0]) for line in servers_for(tmp_path / "data")]
+        for pid in orphans + [pid for pid in workers if _running(pid)]:
+            os.kill(pid, signal.SIGTERM)
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -9,13 +9,18 @@ and the kernel spreads new connections across the sockets by their addresses.
 
 The supervisor here restarts a worker that dies, stops the others when one cannot
 start, and on SIGINT or SIGTERM stops them all (each finishes its requests, as uvicorn's
-workers do). Without SO_REUSEPORT (not Linux) uvicorn's supervisor runs instead.
+workers do). Should the supervisor itself be killed outright (SIGKILL, the OOM killer),
+Linux sends each worker SIGTERM (PR_SET_PDEATHSIG), so no worker is left serving on
+the port with nobody to stop or restart it. Without SO_REUSEPORT (not Linux)
+uvicorn's supervisor runs instead.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -74,7 +79,7 @@ def serve_workers(app: str, workers: int, options: dict[str, Any]) -> int:
     running: dict[int, tuple[BaseProcess, float]] = {}  # sentinel -> (process, started)
 
     def start() -> None:
-        process = context.Process(target=_worker, args=(app, options), daemon=False)
+        process = context.Process(target=_worker, args=(app, options, os.getpid()), daemon=False)
         process.start()
         running[process.sentinel] = (process, time.monotonic())
 
@@ -119,8 +124,9 @@ def _check_port_free(host: str, port: int) -> None:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def _worker(app: str, options: dict[str, Any]) -> None:
+def _worker(app: str, options: dict[str, Any], supervisor: int) -> None:
     """One worker process: its own listening socket, then uvicorn's server on it."""
+    _stop_with(supervisor)
     config = uvicorn.Config(app, **options)  # sets up uvicorn's logging too
     sock = socket.socket(_family(config.host))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -130,6 +136,24 @@ def _worker(app: str, options: dict[str, Any]) -> None:
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)
+
+
+#: prctl option: the signal this process gets when its parent dies (linux/prctl.h)
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with(supervisor: int) -> None:
+    """Have Linux send this worker SIGTERM (uvicorn's graceful stop) when the supervisor
+    dies, however it dies; exit now if it already has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        log.warning(
+            "worker %s will outlive a killed supervisor: prctl failed (errno %s)",
+            os.getpid(),
+            ctypes.get_errno(),
+        )
+    if os.getppid() != supervisor:  # it died before the request above took effect
+        sys.exit(0)
 
 
 def _family(host: str) -> socket.AddressFamily:
