@@ -197,17 +197,16 @@ class Hongbao:
         keys = self._grab_keys.get(packet_id) if packet_id.__class__ is str else None
         if keys is None:
             keys = self._keys_to_grab(packet_id)
-        status, claim = await self._grab(keys, user_id)
+        status, seq, amount, at = await self._grab(keys, user_id)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             if await self.ensure_loaded(packet_id):
-                status, claim = await self._grab(keys, user_id)
+                status, seq, amount, at = await self._grab(keys, user_id)
             if status is _UNKNOWN:
                 return await self._grab_from_ledger(packet_id, user_id)
-        if claim is None:
+        if not seq:  # the user holds no share
             raise _refusal(packet_id, status)
         if self.durability.waits:
-            await self.durability.confirm(keys, user_id, claim)
-        seq, amount, at = claim
+            await self.durability.confirm(keys, user_id, ClaimValue(seq, amount, at))
         first = status is _GRANTED
         return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
 

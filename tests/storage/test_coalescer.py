@@ -39,12 +39,14 @@ async def test_storm_is_batched_and_every_caller_gets_its_answer(store: RedisSto
     answers = await asyncio.gather(*(coalescer.grab(keys, u) for u in users))
     granted = [a for a in answers if a[0] is GrabStatus.GRANTED]
     assert len(granted) == 100
-    assert sorted(c.seq for _, c in granted if c) == list(range(1, 101))
+    assert sorted(seq for _, seq, _, _ in granted) == list(range(1, 101))
     by_user = dict(zip(users[:300], answers[:300], strict=True))
-    for user, (status, claim) in zip(users[300:], answers[300:], strict=True):
-        first_status, first_claim = by_user[user]
+    for user, (status, *claim) in zip(users[300:], answers[300:], strict=True):
+        first_status, *first_claim = by_user[user]
         if first_status is GrabStatus.GRANTED:
             assert status is GrabStatus.ALREADY_CLAIMED and claim == first_claim
+        else:
+            assert status is GrabStatus.EXHAUSTED and claim == first_claim == [0, 0, 0]
     assert coalescer.calls < coalescer.grabs / 4  # the storm rode in shared calls
 
 
@@ -52,7 +54,7 @@ async def test_light_load_sends_at_once(store: RedisStore) -> None:
     coalescer = GrabCoalescer(store, max_batch=64, max_in_flight=4)
     keys = await load(store, 3)
     for user in ("a", "b", "c"):
-        status, _ = await coalescer.grab(keys, user)
+        status, *_ = await coalescer.grab(keys, user)
         assert status is GrabStatus.GRANTED
     assert (coalescer.calls, coalescer.grabs) == (3, 3)
 
@@ -90,7 +92,7 @@ async def test_grabs_arriving_during_a_call_ride_the_next_one(store: RedisStore)
     assert counting.most_in_flight == 1  # 15 waiting grabs do not open a second call
     counting.gate.set()
     answers = await asyncio.gather(first, *later)
-    assert all(status is GrabStatus.GRANTED for status, _ in answers)
+    assert all(status is GrabStatus.GRANTED for status, *_ in answers)
     assert (coalescer.calls, counting.most_in_flight) == (2, 1)
 
 
@@ -114,7 +116,7 @@ async def test_grabs_read_in_the_turns_after_a_call_join_the_waiting_ones(
     counting.gate.set()
     answers = await asyncio.gather(first, waiting)
     await asyncio.gather(*late)
-    assert all(status is GrabStatus.GRANTED for status, _ in answers)
+    assert all(status is GrabStatus.GRANTED for status, *_ in answers)
     assert (coalescer.calls, coalescer.grabs) == (2, 3)
 
 
@@ -123,7 +125,7 @@ async def test_a_storm_opens_further_calls(store: RedisStore) -> None:
     coalescer = GrabCoalescer(counting, max_batch=32, max_in_flight=4, parallel_at=16)
     keys = await load(store, 200)
     answers = await asyncio.gather(*(coalescer.grab(keys, f"u{i}") for i in range(200)))
-    assert all(status is GrabStatus.GRANTED for status, _ in answers)
+    assert all(status is GrabStatus.GRANTED for status, *_ in answers)
     assert counting.most_in_flight == 4  # the second call at 16 waiting, then 32, 48
 
 

@@ -10,9 +10,10 @@ from redis.crc import key_slot
 
 from hongbao.domain.ids import new_packet_id
 from hongbao.domain.models import GrabStatus
+from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
-from hongbao.storage.redis import ClaimValue, grants_in, too_old
+from hongbao.storage.redis import Answer, ClaimValue, claim_of, grants_in, too_old
 
 pytestmark = pytest.mark.redis
 
@@ -31,6 +32,12 @@ async def load(store: RedisStore, amounts: list[int], *, expires_in_ms: int = 60
     )
     assert loaded
     return keys
+
+
+def answered(answers: list[Answer | StorageError]) -> list[Answer]:
+    """A batch's answers, none of them a failure."""
+    assert not any(isinstance(a, StorageError) for a in answers), answers
+    return [a for a in answers if not isinstance(a, StorageError)]
 
 
 def test_every_script_keys_share_one_slot() -> None:
@@ -59,16 +66,15 @@ async def test_load_many_shares_beyond_lua_stack(store: RedisStore) -> None:
 
 async def test_grab_outcomes(store: RedisStore) -> None:
     keys = await load(store, [10, 20])
-    status, claim = await store.grab(keys, "alice")
-    assert status is GrabStatus.GRANTED and claim is not None
-    assert (claim.seq, claim.amount) == (1, 10)
-    again, same = await store.grab(keys, "alice")
-    assert again is GrabStatus.ALREADY_CLAIMED and same == claim
-    assert (await store.grab(keys, "bob"))[1] == ClaimValue(
-        2, 20, (await store.claims(keys))["bob"].claimed_at_ms
-    )
-    assert (await store.grab(keys, "carol")) == (GrabStatus.EXHAUSTED, None)
-    assert (await store.grab(store.keys(new_packet_id()), "dan")) == (GrabStatus.UNKNOWN, None)
+    status, seq, amount, at = await store.grab(keys, "alice")
+    assert (status, seq, amount) == (GrabStatus.GRANTED, 1, 10) and at > 0
+    assert await store.grab(keys, "alice") == (GrabStatus.ALREADY_CLAIMED, seq, amount, at)
+    bob = await store.grab(keys, "bob")
+    assert claim_of(bob) == ClaimValue(2, 20, (await store.claims(keys))["bob"].claimed_at_ms)
+    # no share: the claim's three numbers are 0
+    assert await store.grab(keys, "carol") == (GrabStatus.EXHAUSTED, 0, 0, 0)
+    assert await store.grab(store.keys(new_packet_id()), "dan") == (GrabStatus.UNKNOWN, 0, 0, 0)
+    assert claim_of((GrabStatus.EXHAUSTED, 0, 0, 0)) is None
     events = await store.client.xrange(keys.events)
     assert [[u for u, _ in grants_in(e[1])] for e in events] == [["alice"], ["bob"]]
     assert all(e[1]["k"] == "g" and e[1]["p"] == keys.packet_id for e in events)
@@ -76,7 +82,7 @@ async def test_grab_outcomes(store: RedisStore) -> None:
 
 async def test_grab_after_expiry_by_server_clock(store: RedisStore) -> None:
     keys = await load(store, [10, 20], expires_in_ms=-1)
-    assert (await store.grab(keys, "alice")) == (GrabStatus.EXPIRED, None)
+    assert (await store.grab(keys, "alice")) == (GrabStatus.EXPIRED, 0, 0, 0)
 
 
 async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
@@ -93,8 +99,10 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
             shares=[(0, 5), (1, 7)],
         )
     first, second = bucket_mates
-    answers = await store.grab_batch([(first, ["u1", "u1", "u2", "u3"]), (second, ["u1", "u2"])])
-    statuses = [s for s, _ in answers]
+    answers = answered(
+        await store.grab_batch([(first, ["u1", "u1", "u2", "u3"]), (second, ["u1", "u2"])])
+    )
+    statuses = [s for s, *_ in answers]
     assert statuses == [
         GrabStatus.GRANTED,
         GrabStatus.ALREADY_CLAIMED,
@@ -103,8 +111,8 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
         GrabStatus.GRANTED,
         GrabStatus.GRANTED,
     ]
-    assert answers[0][1] == answers[1][1]
-    assert [claim and claim.seq for _, claim in answers] == [1, 1, 2, None, 1, 2]
+    assert answers[0][1:] == answers[1][1:]
+    assert [seq for _, seq, _, _ in answers] == [1, 1, 2, 0, 1, 2]
     # one stream entry per packet and call, holding that packet's grants in order
     entries = [fields for _, fields in await store.client.xrange(first.events)]
     assert [(f["p"], [u for u, _ in grants_in(f)]) for f in entries] == [
@@ -112,7 +120,7 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
         (second.packet_id, ["u1", "u2"]),
     ]
     assert [c for f in entries for _, c in grants_in(f)] == [
-        c for _, c in answers if c is not None and _ is GrabStatus.GRANTED
+        claim_of(a) for a in answers if a[0] is GrabStatus.GRANTED
     ]
 
 
@@ -120,25 +128,27 @@ async def test_grab_batch_in_bulk_beyond_lua_stack(store: RedisStore) -> None:
     """More users than one command's slice: earlier claimers, repeats, and the rest."""
     amounts = [1 + i % 7 for i in range(2_000)]
     keys = await load(store, amounts)
-    early = await store.grab_batch([(keys, [f"e{i}" for i in range(300)])])
-    early_claims = {f"e{i}": c for i, (_, c) in enumerate(early)}  # type: ignore[misc]
+    early = answered(await store.grab_batch([(keys, [f"e{i}" for i in range(300)])]))
+    early_claims = {f"e{i}": claim_of(a) for i, a in enumerate(early)}
     users = [f"u{i}" for i in range(2_000)]
     batch = users[:900] + [f"e{i}" for i in range(300)] + users[:50] + users[900:]
-    answers = await store.grab_batch([(keys, batch)])
+    answers = answered(await store.grab_batch([(keys, batch)]))
     by_status: dict[GrabStatus, int] = {}
-    for status, _ in answers:  # type: ignore[misc]
+    for status, *_ in answers:
         by_status[status] = by_status.get(status, 0) + 1
     assert by_status == {
         GrabStatus.GRANTED: 1_700,
         GrabStatus.ALREADY_CLAIMED: 350,
         GrabStatus.EXHAUSTED: 300,
     }
-    granted = {u: c for u, (s, c) in zip(batch, answers, strict=True) if s is GrabStatus.GRANTED}  # type: ignore[misc]
+    granted = {
+        u: claim_of(a) for u, a in zip(batch, answers, strict=True) if a[0] is GrabStatus.GRANTED
+    }
     assert list(granted) == users[:1_700]  # shares go in order of arrival
-    for user, (status, claim) in zip(batch, answers, strict=True):  # type: ignore[misc]
-        if status is GrabStatus.ALREADY_CLAIMED:
-            assert claim == early_claims.get(user, granted.get(user))
-    seqs = sorted(c.seq for c in [*early_claims.values(), *granted.values()])
+    for user, answer in zip(batch, answers, strict=True):
+        if answer[0] is GrabStatus.ALREADY_CLAIMED:
+            assert claim_of(answer) == early_claims.get(user, granted.get(user))
+    seqs = sorted(c.seq for c in [*early_claims.values(), *granted.values()] if c)
     assert seqs == list(range(1, 2_001))
     stored = await store.claims(keys)
     assert stored == {**early_claims, **granted}
@@ -150,22 +160,22 @@ async def test_grab_batch_in_bulk_beyond_lua_stack(store: RedisStore) -> None:
 
 async def test_grab_batch_repeats_after_close_get_their_claim(store: RedisStore) -> None:
     keys = await load(store, [5, 6, 7], expires_in_ms=300)
-    ((_, first),) = await store.grab_batch([(keys, ["a"])])  # type: ignore[misc]
+    ((_, *first),) = answered(await store.grab_batch([(keys, ["a"])]))
     await asyncio.sleep(0.4)
     assert (await store.close_packet(keys, "sender", 60_000))[0] == 1
     answers = await store.grab_batch([(keys, ["b", "a", "b"])])
     assert answers == [
-        (GrabStatus.EXPIRED, None),
-        (GrabStatus.ALREADY_CLAIMED, first),
-        (GrabStatus.EXPIRED, None),
+        (GrabStatus.EXPIRED, 0, 0, 0),
+        (GrabStatus.ALREADY_CLAIMED, *first),
+        (GrabStatus.EXPIRED, 0, 0, 0),
     ]
     # a packet with a single grab in the call takes the one-grab path: same answers
     unknown = store.keys(new_packet_id())
     singles = await store.grab_batch([(keys, ["a"]), (keys, ["b"]), (unknown, ["a"])])
     assert singles == [
-        (GrabStatus.ALREADY_CLAIMED, first),
-        (GrabStatus.EXPIRED, None),
-        (GrabStatus.UNKNOWN, None),
+        (GrabStatus.ALREADY_CLAIMED, *first),
+        (GrabStatus.EXPIRED, 0, 0, 0),
+        (GrabStatus.UNKNOWN, 0, 0, 0),
     ]
 
 
@@ -177,8 +187,8 @@ async def test_grab_batch_spans_buckets_on_one_server(store: RedisStore) -> None
     await store.load_packet(
         other, expires_at_ms=now_ms() + 60_000, keep_until_ms=now_ms() + 120_000, shares=[(0, 7)]
     )
-    answers = await store.grab_batch([(first, ["u"]), (other, ["u"])])
-    assert [(s, c and c.amount) for s, c in answers] == [
+    answers = answered(await store.grab_batch([(first, ["u"]), (other, ["u"])]))
+    assert [(s, amount) for s, _, amount, _ in answers] == [
         (GrabStatus.GRANTED, 5),
         (GrabStatus.GRANTED, 7),
     ]
@@ -200,14 +210,14 @@ async def test_close_refunds_once_and_remembers(store: RedisStore) -> None:
     refunds = [f for _, f in await store.client.xrange(keys.events) if f["k"] == "r"]
     assert len(refunds) == 1 and refunds[0]["a"] == "50" and refunds[0]["s"] == "sender"
     assert (await store.grab(keys, "alice"))[0] is GrabStatus.ALREADY_CLAIMED
-    assert (await store.grab(keys, "bob")) == (GrabStatus.EXPIRED, None)
+    assert (await store.grab(keys, "bob")) == (GrabStatus.EXPIRED, 0, 0, 0)
 
 
 async def test_noscript_fallback(store: RedisStore) -> None:
     keys = await load(store, [10])
     await store.client.script_flush()
-    status, claim = await store.grab(keys, "alice")
-    assert status is GrabStatus.GRANTED and claim is not None and claim.amount == 10
+    status, _, amount, _ = await store.grab(keys, "alice")
+    assert status is GrabStatus.GRANTED and amount == 10
 
 
 async def test_ack_and_dead_letter(store: RedisStore) -> None:

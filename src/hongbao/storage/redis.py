@@ -77,11 +77,17 @@ class ClaimValue(NamedTuple):
         return f"{self.seq}:{self.amount}:{self.claimed_at_ms}"
 
 
-#: ClaimValue from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
-_new_claim = tuple.__new__
+#: one grab's outcome, flat: its status, then the seq, amount and claimed_at_ms of the
+#: user's claim, all three 0 when the user holds no share (seqs start at 1). Flat rather
+#: than (status, ClaimValue): one tuple a grab instead of two and no ClaimValue to build
+#: and unpack took the engine's Python from 23.9k to 21.9k instructions a grab (callgrind)
+Answer = tuple[GrabStatus, int, int, int]
 
-#: one grab's outcome: its status and, when the user holds a share, the claim
-Answer = tuple[GrabStatus, ClaimValue | None]
+
+def claim_of(answer: Answer) -> ClaimValue | None:
+    """The claim in a grab's answer, None when the user holds no share."""
+    _, seq, amount, claimed_at_ms = answer
+    return ClaimValue(seq, amount, claimed_at_ms) if seq else None
 
 
 def grants_in(fields: dict[str, str]) -> list[tuple[str, ClaimValue]]:
@@ -185,13 +191,13 @@ class RedisStore:
         loaded = await self._run(self.lua_load, [keys.meta, keys.shares, keys.claims], args)
         return bool(loaded)
 
-    async def grab(self, keys: PacketKeys, user_id: str) -> tuple[GrabStatus, ClaimValue | None]:
+    async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
         status, claim = await self._run(
             self.lua_grab,
             [keys.meta, keys.shares, keys.claims, keys.events],
             [keys.packet_id, user_id],
         )
-        return GrabStatus(status), ClaimValue.parse(claim) if claim else None
+        return (GrabStatus(status), *(ClaimValue.parse(claim) if claim else (0, 0, 0)))
 
     async def grab_batch(
         self, groups: Sequence[tuple[PacketKeys, Sequence[str]]]
@@ -208,10 +214,10 @@ class RedisStore:
             keys += (packet.events, packet.meta, packet.shares, packet.claims)
             args += (packet.packet_id, " ".join(users))
         flat = await self._run(self.lua_grab_batch, keys, args)
-        statuses, claim = _STATUSES, _new_claim
+        statuses = _STATUSES
         fours = iter(flat)
         answers: list[Answer | StorageError] = [
-            (statuses[status], claim(ClaimValue, (seq, amount, at)) if seq else None)
+            (statuses[status], seq, amount, at)
             if status != UNREADABLE
             else StorageError("redis: the packet's data there is unreadable")
             for status, seq, amount, at in zip(fours, fours, fours, fours, strict=True)
