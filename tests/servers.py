@@ -81,6 +81,15 @@ _port_lock = threading.Lock()
 _LOG_NAME = "redis.log"
 
 
+def alive(pid: int) -> bool:
+    """Exists and is not a zombie (an orphan whose reaper is slow counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 class ServerStartError(RuntimeError):
     """A server (or the cluster) failed to come up; the message carries the log tail."""
 

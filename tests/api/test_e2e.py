@@ -25,6 +25,7 @@ from tests.api.serving import (
     servers_for,
     worker_pids,
 )
+from tests.servers import alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -353,24 +354,16 @@ def test_api_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
             assert len(workers) == 2, server.log()
             assert server.stop(signal.SIGKILL) == -signal.SIGKILL
             deadline = time.monotonic() + 30
-            while alive := [pid for pid in workers if _running(pid)]:
-                assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
+            while left := [pid for pid in workers if alive(pid)]:
+                assert time.monotonic() < deadline, f"workers {left} outlived their supervisor"
                 time.sleep(0.1)
             with pytest.raises(httpx.ConnectError):
                 httpx.get(f"{server.url}/healthz", timeout=2)
     finally:
         # the embedded Redis outlives a crash by design (the next start replaces it)
         orphans = [int(line.split()[0]) for line in servers_for(tmp_path / "data")]
-        for pid in orphans + [pid for pid in workers if _running(pid)]:
+        for pid in orphans + [pid for pid in workers if alive(pid)]:
             os.kill(pid, signal.SIGTERM)
-
-
-def _running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:

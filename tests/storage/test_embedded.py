@@ -17,6 +17,7 @@ import redis
 
 from hongbao.errors import ConfigurationError, StorageError
 from hongbao.storage.embedded import EmbeddedServer, server_binary
+from tests.servers import alive
 
 PR_SET_CHILD_SUBREAPER = 36
 DEBIAN_REDIS = Path("/usr/bin/redis-server")
@@ -28,15 +29,6 @@ BINARIES = [
         marks=pytest.mark.skipif(not DEBIAN_REDIS.exists(), reason="no /usr/bin/redis-server"),
     ),
 ]
-
-
-def alive(pid: int) -> bool:
-    """Exists and is not a zombie (an orphan whose reaper is slow counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def servers_for(data_dir: Path) -> list[int]:

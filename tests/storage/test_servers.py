@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from tests.servers import (
     RedisCluster,
     RedisNode,
     ServerStartError,
+    alive,
     find_cli_binary,
     find_server_binary,
     free_port,
@@ -34,19 +34,6 @@ except FileNotFoundError as exc:  # pragma: no cover - environment without binar
 # redis-py's default Retry (3 attempts, exponential backoff) makes an expected
 # connection failure take seconds.
 NO_RETRY = Retry(NoBackoff(), 0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A reaped child is gone; an unreaped zombie would still pass kill(0).
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # --------------------------------------------------------------------------- ports / binaries
@@ -71,14 +58,14 @@ def test_free_ports_are_distinct_and_bus_ports_fit() -> None:
 def test_standalone_set_get(tmp_path: Path) -> None:
     with RedisNode().start(free_port(), tmp_path / "r") as node:
         assert node.url == f"redis://{HOST}:{node.port}/0"
-        assert node.pid is not None and _alive(node.pid)
+        assert node.pid is not None and alive(node.pid)
         with node.client() as c:
             assert c.set("k", "v")
             assert c.get("k") == "v"
             assert c.config_get("bind")["bind"] == HOST
         pid = node.pid
     assert node.pid is None
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 @pytest.mark.redis
@@ -107,7 +94,7 @@ def test_standalone_kill9_kills_and_restart_recovers_fsynced_aof(tmp_path: Path)
         node.kill9()
         assert not node.running
         assert node.pid is None
-        assert not _alive(pid)
+        assert not alive(pid)
         with (
             pytest.raises(redis.ConnectionError),
             node.client(socket_timeout=1, retry=NO_RETRY) as c,
@@ -256,4 +243,4 @@ def test_stop_handles_paused_server(tmp_path: Path) -> None:
         c.ping()
     node.stop()
     assert not node.running
-    assert not _alive(pid)
+    assert not alive(pid)
