@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -251,6 +250,7 @@ def serve(
 
     from hongbao.api.app import ENV_DATA_DIR, ENV_DEMO, ENV_METRICS_DIR, create_app
     from hongbao.api.workers import serve_workers, uvicorn_options
+    from hongbao.metrics import workers_folder
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
@@ -273,7 +273,7 @@ def serve(
     previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
     server: EmbeddedServer | None = None
     background: BackgroundWorkers | None = None
-    metrics_dir: str | None = None
+    metrics_dir: Path | None = None
     try:
         with friendly_errors():
             secret = secret_from_env_or_dir(os.environ.get("HONGBAO_SECRET"), data_dir)
@@ -301,14 +301,14 @@ def serve(
                 create_app(settings, secret, run_workers=persister, demo_mode=embedded), **options
             )
         else:
-            metrics_dir = tempfile.mkdtemp(prefix="hongbao-metrics-")
+            metrics_dir = workers_folder(data_dir)
             os.environ.update(
                 HONGBAO_REDIS_URL=settings.redis_url,
                 HONGBAO_DATABASE_URL=settings.database_url,
                 **{
                     ENV_DATA_DIR: str(data_dir),
                     ENV_DEMO: "1" if embedded else "0",
-                    ENV_METRICS_DIR: metrics_dir,
+                    ENV_METRICS_DIR: str(metrics_dir),
                 },
             )
             if persister:

@@ -13,6 +13,8 @@ import asyncio
 import logging
 import os
 import secrets
+import shutil
+import tempfile
 from bisect import bisect_left
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +35,14 @@ from hongbao.errors import StorageError
 from hongbao.keys import dead_letter_key
 from hongbao.storage.redis import RedisStore
 
-__all__ = ["CONTENT_TYPE", "GRAB_OUTCOMES", "PUBLISH_SECONDS", "GrabTally", "Metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "GRAB_OUTCOMES",
+    "PUBLISH_SECONDS",
+    "GrabTally",
+    "Metrics",
+    "workers_folder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,38 @@ GRAB_OUTCOMES = (
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def workers_folder(data_dir: Path) -> Path:
+    """The folder one `serve --workers N` run's workers share: <data dir>/metrics/<pid>.
+
+    A run removes its folder when it stops; one that crashed (SIGKILL, power loss)
+    cannot, so each start first removes the folders of runs whose process is gone.
+    Runs sharing a data dir keep their own. A data dir that cannot hold the folder
+    (read-only, say, with Redis and the database configured) gets a temporary one."""
+    root = data_dir / "metrics"
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for folder in root.iterdir():
+            if folder.name.isdigit() and not _running(int(folder.name)):
+                shutil.rmtree(folder, ignore_errors=True)
+        mine = root / str(os.getpid())
+        shutil.rmtree(mine, ignore_errors=True)  # a crashed run that had this pid
+        mine.mkdir(mode=0o700)
+    except OSError as exc:
+        log.warning("no metrics folder under %s (%s); using a temporary one", data_dir, exc)
+        return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
+    return mine
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class GrabTally(Collector):

@@ -311,7 +311,11 @@ def test_serve_with_several_api_processes(tmp_path: Path) -> None:
             if all((c["granted"], c["expired"]) == (1, 1) for c in seen):
                 break
             assert time.monotonic() < deadline, scrapes
+        assert server.proc is not None
+        shared = tmp_path / "data" / "metrics" / str(server.proc.pid)
+        assert len(list(shared.glob("*.json"))) == 2  # the workers' tallies
         stop_cleanly(server)
+    assert not shared.exists()
     assert audit(tmp_path / "data") == []
 
 
@@ -359,6 +363,9 @@ def test_api_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
                 time.sleep(0.1)
             with pytest.raises(httpx.ConnectError):
                 httpx.get(f"{server.url}/healthz", timeout=2)
+            # its workers' folder is left behind; the next start removes it (test_metrics)
+            assert server.proc is not None
+            assert (tmp_path / "data" / "metrics" / str(server.proc.pid)).is_dir()
     finally:
         # the embedded Redis outlives a crash by design (the next start replaces it)
         orphans = [int(line.split()[0]) for line in servers_for(tmp_path / "data")]

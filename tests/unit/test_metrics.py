@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from hongbao.metrics import _LATENCY_BUCKETS, GRAB_OUTCOMES, Metrics
+from hongbao.metrics import _LATENCY_BUCKETS, GRAB_OUTCOMES, Metrics, workers_folder
 
 SAMPLES = [
     ("granted", 0.0003),
@@ -80,3 +84,37 @@ def test_an_unreadable_tally_of_another_worker_is_skipped(tmp_path: Path) -> Non
         metrics.grabs.record(outcome, seconds)
         reference.grabs.record(outcome, seconds)
     assert metrics.render() == reference.render()
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_serve_run_removes_the_folders_of_crashed_runs(tmp_path: Path) -> None:
+    root = tmp_path / "data" / "metrics"
+    crashed, running, other = root / str(_gone_pid()), root / str(os.getppid()), root / "notes"
+    for folder in (crashed, running, other):
+        folder.mkdir(parents=True)
+        (folder / "tally.json").write_text("{}")
+    mine = root / str(os.getpid())  # left by a crashed run that had this pid
+    mine.mkdir()
+    (mine / "old.json").write_text("{}")
+
+    folder = workers_folder(tmp_path / "data")
+
+    assert folder == mine and folder.is_dir() and list(folder.iterdir()) == []
+    assert not crashed.exists()
+    assert (running / "tally.json").exists() and (other / "tally.json").exists()
+
+
+def test_a_data_dir_that_cannot_hold_the_folder_gets_a_temporary_one(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "data"
+    not_a_dir.write_text("a file where the data dir should be")
+    folder = workers_folder(not_a_dir)
+    try:
+        assert folder.is_dir() and folder.parent == Path(tempfile.gettempdir())
+    finally:
+        folder.rmdir()
