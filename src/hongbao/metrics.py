@@ -73,8 +73,11 @@ def workers_folder(data_dir: Path) -> Path:
 
     A run removes its folder when it stops; one that crashed (SIGKILL, power loss)
     cannot, so each start first removes the folders of runs whose process is gone.
-    Runs sharing a data dir keep their own. A data dir that cannot hold the folder
-    (read-only, say, with Redis and the database configured) gets a temporary one."""
+    Runs sharing a data dir keep their own. Without a data dir (Redis, the database
+    and the secret all configured) or with one that cannot hold the folder (read-only),
+    the folder is a temporary one."""
+    if not data_dir.is_dir():
+        return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
     root = data_dir / "metrics"
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -110,11 +110,14 @@ def test_a_serve_run_removes_the_folders_of_crashed_runs(tmp_path: Path) -> None
     assert (running / "tally.json").exists() and (other / "tally.json").exists()
 
 
-def test_a_data_dir_that_cannot_hold_the_folder_gets_a_temporary_one(tmp_path: Path) -> None:
-    not_a_dir = tmp_path / "data"
-    not_a_dir.write_text("a file where the data dir should be")
-    folder = workers_folder(not_a_dir)
-    try:
-        assert folder.is_dir() and folder.parent == Path(tempfile.gettempdir())
-    finally:
-        folder.rmdir()
+def test_without_a_usable_data_dir_the_folder_is_temporary(tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "metrics").write_text("a file where the folder should be")
+    for data_dir in (tmp_path / "absent", blocked):
+        folder = workers_folder(data_dir)
+        try:
+            assert folder.is_dir() and folder.parent == Path(tempfile.gettempdir())
+        finally:
+            folder.rmdir()
+    assert not (tmp_path / "absent").exists()  # no data dir is made for it
