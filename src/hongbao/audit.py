@@ -19,8 +19,10 @@ that was dead-lettered shows up as a Redis claim missing from the ledger).
 `recover` rebuilds open packets Redis lost entirely (from the ledger: unclaimed
 shares and the earlier claims) and repairs packets Redis lost part of (a claim
 the ledger has but Redis forgot is put back and its share taken out of the
-unclaimed list, under WATCH so a concurrent grab just makes it try again). It is
-idempotent and safe while the service runs.
+unclaimed list, under WATCH so a concurrent grab just makes it try again). A packet
+Redis closed after forgetting claims refunded their money again, a refund the ledger
+refuses; recover puts the claims back and emits the refund of what is really left.
+It is idempotent and safe while the service runs.
 """
 
 from __future__ import annotations
@@ -299,14 +301,22 @@ async def recover(service: Hongbao) -> RecoverReport:
             continue
         if store.cluster:
             continue  # WATCH across a cluster pipeline is not supported: rebuild only
-        await _repair(service, keys, await service.ledger.claims_of(record.id), report)
+        await _repair(service, record, keys, await service.ledger.claims_of(record.id), report)
     return report
 
 
 async def _repair(
-    service: Hongbao, keys: PacketKeys, ledger_claims: list[ClaimRow], report: RecoverReport
+    service: Hongbao,
+    record: PacketRecord,
+    keys: PacketKeys,
+    ledger_claims: list[ClaimRow],
+    report: RecoverReport,
 ) -> None:
-    """Put claims the ledger has and Redis forgot back into Redis (under WATCH)."""
+    """Put claims the ledger has and Redis forgot back into Redis (under WATCH).
+
+    A packet Redis closed after forgetting them emitted a refund that counts their money
+    again; the ledger refuses it (claimed + refund > total, a dead letter). Its claims
+    are put back all the same, and a refund of what is really left follows."""
     if not ledger_claims:
         return
     client: Any = service.store.client
@@ -316,8 +326,11 @@ async def _repair(
                 await pipe.watch(keys.meta, keys.shares, keys.claims)
                 current = await pipe.hgetall(keys.claims)
                 unclaimed = set(await pipe.lrange(keys.shares, 0, -1))
-                closed = await pipe.hget(keys.meta, "closed")
+                closed, left, nleft = await pipe.hmget(keys.meta, "closed", "left", "nleft")
                 ttl = int(await pipe.pttl(keys.meta))
+                # a closed packet's unclaimed shares are gone: a forgotten share is one
+                # that no claim in Redis holds
+                held = {ClaimValue.parse(v).seq for v in current.values()} if closed else set()
                 fixes: list[tuple[ClaimRow, str]] = []
                 conflicts: list[str] = []
                 for row in ledger_claims:
@@ -330,19 +343,16 @@ async def _repair(
                             )
                         continue
                     packed = str(pack_share(row.share_idx, row.amount))
-                    if packed in unclaimed:
+                    free = (
+                        (packed in unclaimed) if closed is None else (row.share_idx + 1 not in held)
+                    )
+                    if free:
                         fixes.append((row, packed))
                     else:
                         conflicts.append(
                             f"packet {keys.packet_id}: share {row.share_idx} of {row.user_id} "
                             "was issued again by Redis after it lost data"
                         )
-                if closed is not None and fixes:
-                    conflicts.append(
-                        f"packet {keys.packet_id}: closed in Redis with "
-                        f"{len(fixes)} ledger claim(s) missing; not repaired"
-                    )
-                    fixes = []
                 pipe.multi()
                 for row, packed in fixes:
                     value = ClaimValue(row.share_idx + 1, row.amount, ms(row.claimed_at))
@@ -351,6 +361,21 @@ async def _repair(
                     pipe.hincrby(keys.meta, "left", -row.amount)
                 if fixes and ttl > 0:
                     pipe.pexpire(keys.claims, ttl)
+                if fixes and closed is not None:
+                    refund = int(left) - sum(row.amount for row, _ in fixes)
+                    shares_left = int(nleft) - len(fixes)
+                    pipe.hset(keys.meta, "nleft", shares_left)
+                    pipe.xadd(
+                        keys.events,
+                        {
+                            "k": "r",
+                            "p": keys.packet_id,
+                            "s": record.sender_id,
+                            "a": refund,
+                            "n": shares_left,
+                            "t": closed,
+                        },
+                    )
                 await pipe.execute()
         except WatchError:
             continue

@@ -16,6 +16,7 @@ from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao.storage import store_from_url
+from hongbao.sweeper import Sweeper
 from tests.servers import RedisNode, find_server_binary
 
 pytestmark = [
@@ -101,6 +102,44 @@ async def test_recover_repairs_claims_redis_forgot(service: Hongbao, persister: 
     assert len({g.seq for g in others} | {g.seq for g in late.values()} | {1}) == 10
     await asyncio.wait_for(persister.drain(), 20)
     assert (await audit(service, settle=0)).clean
+
+
+async def test_recover_repairs_a_packet_closed_after_redis_forgot_claims(
+    service: Hongbao, persister: Persister
+) -> None:
+    """Redis rolled back, then closed the packet before `recover` ran: its refund counts
+    the forgotten claims' money again, and the ledger refuses it (dead letter)."""
+    await service.deposit("sender", 100_000)
+    pid = (await service.send("sender", 1000, 10, expires_in=1)).id
+    keys = service.store.keys(pid)
+    client = service.store.client
+    early = await service.grab(pid, "early")
+    saved = {k: await client.dump(k) for k in (keys.meta, keys.shares, keys.claims)}
+    late = {u: await service.grab(pid, u) for u in ("x", "y")}
+    await asyncio.wait_for(persister.drain(), 20)
+    for k, blob in saved.items():  # Redis forgets x and y
+        await client.restore(k, 0, blob, replace=True)
+    await asyncio.sleep(1.1)
+    assert await Sweeper(service).sweep_once() == 1
+    await asyncio.wait_for(persister.drain(), 20)
+    assert len(await service.store.dead_letters()) == 1  # the refund that was too large
+    assert not (await audit(service, settle=0)).clean
+
+    fixed = await recover(service)
+    assert (fixed.repaired_claims, fixed.conflicts) == (2, [])
+    await asyncio.wait_for(persister.drain(), 20)
+    record = await service.ledger.get_packet(pid)
+    assert record is not None and record.closed_at is not None
+    assert record.claimed_amount == early.amount + sum(g.amount for g in late.values())
+    assert record.claimed_amount + record.refunded_amount == 1000
+    assert (await service.wallet("sender")).balance == 100_000 - 1000 + record.refunded_amount
+    for user, grab in late.items():  # their claims are answered again
+        repeat = await service.grab(pid, user)
+        assert (repeat.seq, repeat.amount, repeat.first) == (grab.seq, grab.amount, False)
+    assert (await recover(service)).repaired_claims == 0
+    report = await audit(service, settle=0)
+    assert report.clean, report.violations
+    assert await service.ledger.audit() == []
 
 
 async def test_dead_letters_are_listed(service: Hongbao, persister: Persister) -> None:
