@@ -99,10 +99,14 @@ def separate_worker(redis_url: str, data_dir: Path) -> Iterator[None]:
 class Serve:
     """`hongbao serve --data-dir DIR --port PORT` as a subprocess."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, *args: str) -> None:
+    def __init__(
+        self, data_dir: Path, port: int | None = None, *args: str, launcher: list[str] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.args = args
+        #: what runs the CLI (default: the `hongbao` command)
+        self.launcher = launcher
         self.log_path = data_dir.parent / f"serve-{data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -112,7 +116,7 @@ class Serve:
 
     def start(self, timeout: float = 60) -> Self:
         argv = [
-            *command(),
+            *(self.launcher or command()),
             "serve",
             "--data-dir",
             str(self.data_dir),

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -371,6 +372,29 @@ def test_api_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
         orphans = [int(line.split()[0]) for line in servers_for(tmp_path / "data")]
         for pid in orphans + [pid for pid in workers if alive(pid)]:
             os.kill(pid, signal.SIGTERM)
+
+
+#: the CLI as on a platform without SO_REUSEPORT (not Linux)
+WITHOUT_REUSE_PORT = [
+    sys.executable,
+    "-c",
+    "import hongbao.api.workers as w; w.reuse_port_available = lambda: False; "
+    "from hongbao.cli import main; main()",
+]
+
+
+def test_serve_workers_without_reuse_port(tmp_path: Path) -> None:
+    """Off Linux `serve --workers N` hands the workers to uvicorn's own supervisor."""
+    data_dir = tmp_path / "data"
+    server = Serve(data_dir, None, "--workers", "2", launcher=WITHOUT_REUSE_PORT)
+    with server:
+        workers = worker_pids(server)
+        assert len(workers) == 2, server.log()
+        assert "Started parent process" in server.log()  # uvicorn's supervisor, not ours
+        _send_grab_expire(server)
+        stop_cleanly(server)
+    assert not [pid for pid in workers if alive(pid)]
+    assert audit(data_dir) == []
 
 
 def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
