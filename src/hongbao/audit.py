@@ -330,7 +330,11 @@ async def _repair(
                 ttl = int(await pipe.pttl(keys.meta))
                 # a closed packet's unclaimed shares are gone: a forgotten share is one
                 # that no claim in Redis holds
-                held = {ClaimValue.parse(v).seq for v in current.values()} if closed else set()
+                held = (
+                    {ClaimValue.parse(v).seq for v in current.values()}
+                    if closed is not None
+                    else set()
+                )
                 fixes: list[tuple[ClaimRow, str]] = []
                 conflicts: list[str] = []
                 for row in ledger_claims:

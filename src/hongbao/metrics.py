@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 
 from hongbao.errors import StorageError
 from hongbao.keys import dead_letter_key
+from hongbao.storage.embedded import process_alive
 from hongbao.storage.redis import RedisStore
 
 __all__ = [
@@ -82,7 +83,7 @@ def workers_folder(data_dir: Path) -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for folder in root.iterdir():
-            if folder.name.isdigit() and not _running(int(folder.name)):
+            if folder.name.isdigit() and not process_alive(int(folder.name)):
                 shutil.rmtree(folder, ignore_errors=True)
         mine = root / str(os.getpid())
         shutil.rmtree(mine, ignore_errors=True)  # a crashed run that had this pid
@@ -91,16 +92,6 @@ def workers_folder(data_dir: Path) -> Path:
         log.warning("no metrics folder under %s (%s); using a temporary one", data_dir, exc)
         return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
     return mine
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 class GrabTally(Collector):

@@ -194,7 +194,7 @@ class EmbeddedServer:
     def _clear_stale(self) -> None:
         """Shut down a server left by a crashed run; drop a pidfile of a dead/foreign pid."""
         pid = _read_int(self.pidfile)
-        if pid is not None and _alive(pid) and self._is_ours(pid):
+        if pid is not None and process_alive(pid) and self._is_ours(pid):
             self._stop_stale(pid)
         elif self.pidfile.exists():
             self.pidfile.unlink()
@@ -377,7 +377,7 @@ def _kill_child(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
@@ -394,7 +394,7 @@ def _alive(pid: int) -> bool:
 
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while process_alive(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
