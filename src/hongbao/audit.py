@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -83,7 +83,8 @@ class AuditReport:
         out = [
             f"open packets checked: {self.open_packets}",
             f"stream backlog: {self.backlog} entries ({self.pending_claims} claims pending)",
-            f"dead-letter entries: {len(self.dead_letters)}",
+            f"dead-letter entries: {len(self.dead_letters)}"
+            + (" (`hongbao dead-letters` lists and retries them)" if self.dead_letters else ""),
         ]
         for event in self.dead_letters:
             fields = " ".join(f"{k}={v}" for k, v in event.fields.items())
@@ -449,9 +450,22 @@ def main(
     out: TextIO = sys.stdout,
 ) -> int:
     """Body of `hongbao audit` / `hongbao recover`: 0 clean, 1 a violation (named on stdout)."""
+    return run_offline(
+        data_dir, redis_url, database_url, lambda settings: _run(settings, do_recover, settle, out)
+    )
+
+
+def run_offline(
+    data_dir: Path,
+    redis_url: str | None,
+    database_url: str | None,
+    body: Callable[[Settings], Coroutine[Any, Any, int]],
+) -> int:
+    """Run an operator command's `body` on the settings `serve` would use (in embedded
+    mode, on serve's running server, or on one started just for it); its exit code."""
     settings, server = _settings(data_dir, redis_url, database_url)
     try:
-        return asyncio.run(_run(settings, do_recover, settle, out))
+        return asyncio.run(body(settings))
     except HongbaoError:
         raise
     except (RedisError, OSError) as exc:

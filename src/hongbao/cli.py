@@ -443,6 +443,35 @@ def recover(
     raise typer.Exit(code)
 
 
+@app.command("dead-letters")
+def dead_letters(
+    retry: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--retry",
+            metavar="b<BUCKET>/<ID>",
+            help="Put this parked entry back on its event stream (repeatable).",
+        ),
+    ] = None,
+    retry_all: Annotated[
+        bool, typer.Option("--retry-all", help="Put every parked entry back.")
+    ] = False,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """List the events the persister parked, with why; exit 1 while any are left.
+
+    Fix the cause first (the reason says it), then retry: the persister applies the
+    entries again, and the ledger applies each claim and refund only once."""
+    from hongbao.dead_letters import main as dead_letters_main
+
+    if retry and retry_all:
+        fail("give --retry or --retry-all, not both")
+    with friendly_errors():
+        code = dead_letters_main(data_dir, redis_url, retry_refs=retry, retry_all=retry_all)
+    raise typer.Exit(code)
+
+
 # -- token ------------------------------------------------------------------------------------
 
 

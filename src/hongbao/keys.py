@@ -34,6 +34,15 @@ def dead_letter_key(bucket: int) -> str:
     return f"{PREFIX}:{bucket_tag(bucket)}:dlq"
 
 
+def bucket_of_key(key: str) -> int:
+    """The bucket in a key's hash tag (``hb:{b3}:ev`` -> 3); ValueError if it has none."""
+    start = key.find("{b")
+    end = key.find("}", start)
+    if start < 0 or end < 0 or not key[start + 2 : end].isdigit():
+        raise ValueError(f"{key!r} names no bucket")
+    return int(key[start + 2 : end])
+
+
 @dataclass(frozen=True, slots=True)
 class PacketKeys:
     """The keys of one packet. ``meta`` is a hash, ``shares`` a list, ``claims`` a hash."""

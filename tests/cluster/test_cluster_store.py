@@ -134,6 +134,11 @@ async def test_every_operation_is_single_slot(cluster_store: RedisClusterStore) 
     assert [(e.stream, e.fields["id"], e.fields["reason"]) for e in letters] == [
         (dead_letter_key(first.bucket), bad.id, "test: cannot apply")
     ]
+    back = await store.retry_dead_letter(first.bucket, letters[0].id)
+    assert back is not None and await store.dead_letters() == []
+    (retried,) = await store.read_events("c1", 1000, 10)
+    assert (retried.stream, retried.id, retried.fields) == (bad.stream, back, bad.fields)
+    await store.ack(retried.stream, [back])
     for stream in {e.stream for e in events}:
         ids = [e.id for e in events if e.stream == stream and e.id != bad.id]
         await store.ack(stream, ids)

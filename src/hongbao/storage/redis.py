@@ -16,7 +16,13 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hongbao.domain.models import GrabStatus
 from hongbao.errors import StorageError
-from hongbao.keys import PERSISTER_GROUP, PacketKeys, dead_letter_key, events_key
+from hongbao.keys import (
+    PERSISTER_GROUP,
+    PacketKeys,
+    bucket_of_key,
+    dead_letter_key,
+    events_key,
+)
 from hongbao.storage.connections import KeptConnections
 
 SHARE_PACK = 1 << 32  # a share travels as index * 2^32 + amount
@@ -153,6 +159,7 @@ class RedisStore:
         self.lua_status = self._script("status")
         self.lua_ack = self._script("ack")
         self.lua_dead_letter = self._script("dead_letter")
+        self.lua_retry_dead_letter = self._script("retry_dead_letter")
 
     def _script(self, name: str) -> AsyncScript:
         return self.client.register_script(read_lua(name))
@@ -319,7 +326,7 @@ class RedisStore:
         return int(await self._run(self.lua_ack, [stream], [PERSISTER_GROUP, *ids]))
 
     async def dead_letter(self, event: Event, reason: str) -> str:
-        bucket = int(event.stream.split("{b", 1)[1].split("}", 1)[0])
+        bucket = bucket_of_key(event.stream)
         flat = [x for pair in event.fields.items() for x in pair]
         return str(
             await self._run(
@@ -328,6 +335,14 @@ class RedisStore:
                 [PERSISTER_GROUP, event.id, reason, *flat],
             )
         )
+
+    async def retry_dead_letter(self, bucket: int, entry_id: str) -> str | None:
+        """Move a parked entry back onto its bucket's event stream, for the persister to
+        apply again; the new entry's id, or None when the bucket holds no such entry."""
+        new_id = await self._run(
+            self.lua_retry_dead_letter, [dead_letter_key(bucket), events_key(bucket)], [entry_id]
+        )
+        return None if new_id is None else str(new_id)
 
     async def dead_letters(self, limit: int = 100) -> list[Event]:
         out: list[Event] = []

@@ -1,0 +1,131 @@
+"""`hongbao dead-letters`: the events the persister parked, and putting them back.
+
+The persister parks an entry it cannot apply (malformed, refused by the ledger, or
+delivered too many times, e.g. while the database was down and persisters kept
+crashing) on its bucket's dead-letter stream, with the reason. Once the cause is fixed,
+`--retry` moves entries back onto their event stream: the persister applies them like
+any other, and the ledger applies each claim and refund once, so an entry that was
+partly applied before does no harm. An entry that still cannot be applied is parked
+again, with its new reason.
+
+Entries are named ``b<bucket>/<entry id>``, as the listing prints them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from hongbao.audit import run_offline
+from hongbao.errors import InvalidRequest
+from hongbao.keys import bucket_of_key
+from hongbao.storage import RedisStore, store_from_url
+
+#: most entries listed or retried in one run
+LIMIT = 10_000
+
+_REF = re.compile(r"b(\d+)/(\d+-\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """One entry of a dead-letter stream."""
+
+    bucket: int
+    entry_id: str
+    reason: str
+    #: the id the event had on its event stream
+    event_id: str
+    #: the event's own fields
+    fields: dict[str, str]
+
+    @property
+    def ref(self) -> str:
+        return f"b{self.bucket}/{self.entry_id}"
+
+
+def parse_ref(text: str, buckets: int) -> tuple[int, str]:
+    """(bucket, entry id) of a ``b<bucket>/<entry id>`` name; InvalidRequest if malformed."""
+    match = _REF.fullmatch(text.strip())
+    if match is None:
+        raise InvalidRequest(f"{text!r} is not a dead-letter entry: expected b<bucket>/<id>")
+    bucket = int(match[1])
+    if bucket >= buckets:
+        raise InvalidRequest(f"{text!r}: there are only buckets 0-{buckets - 1}")
+    return bucket, match[2]
+
+
+async def parked(store: RedisStore, limit: int = LIMIT) -> list[Parked]:
+    """The parked entries of every bucket, oldest first within a bucket."""
+    out: list[Parked] = []
+    for event in await store.dead_letters(limit=limit):
+        fields = dict(event.fields)
+        reason, event_id = fields.pop("reason", ""), fields.pop("id", "")
+        out.append(Parked(bucket_of_key(event.stream), event.id, reason, event_id, fields))
+    return out
+
+
+async def retry(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[str, str | None]]:
+    """Move the named entries (all when `refs` is None) back onto their event streams.
+
+    Every name is checked before any entry moves: InvalidRequest names those that are
+    malformed or not parked. Returns (name, new event id) per entry, the id None when
+    the entry left its dead-letter stream meanwhile (another retry)."""
+    held = [(p.bucket, p.entry_id) for p in await parked(store)]
+    if refs is None:
+        targets = held  # in their order on each stream
+    else:
+        targets = [parse_ref(ref, store.buckets) for ref in refs]
+        unknown = [f"b{b}/{i}" for b, i in targets if (b, i) not in held]
+        if unknown:
+            raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing retried")
+    return [
+        (f"b{bucket}/{entry_id}", await store.retry_dead_letter(bucket, entry_id))
+        for bucket, entry_id in targets
+    ]
+
+
+def main(
+    data_dir: Path,
+    redis_url: str | None,
+    *,
+    retry_refs: Sequence[str] | None,
+    retry_all: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Body of `hongbao dead-letters`: 0 when nothing is left parked, 1 otherwise."""
+    return run_offline(
+        data_dir,
+        redis_url,
+        None,
+        lambda settings: _run(settings.redis_url, settings.buckets, retry_refs, retry_all, out),
+    )
+
+
+async def _run(
+    redis_url: str,
+    buckets: int,
+    retry_refs: Sequence[str] | None,
+    retry_all: bool,
+    out: TextIO,
+) -> int:
+    store = store_from_url(redis_url, buckets)
+    try:
+        if retry_all or retry_refs:
+            for ref, new_id in await retry(store, None if retry_all else retry_refs):
+                if new_id is None:
+                    print(f"{ref}: gone from the dead-letter stream meanwhile", file=out)
+                else:
+                    print(f"{ref}: back on the event stream as {new_id}", file=out)
+        left = await parked(store)
+        for entry in left:
+            fields = " ".join(f"{k}={v}" for k, v in entry.fields.items())
+            print(f"{entry.ref} (event {entry.event_id}): {entry.reason}\n    {fields}", file=out)
+        print(f"dead-letter entries: {len(left)}", file=out)
+        return 1 if left else 0
+    finally:
+        await store.aclose()

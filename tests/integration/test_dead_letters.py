@@ -1,0 +1,136 @@
+"""Dead letters: listing the events the persister parked, and putting them back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hongbao import dead_letters
+from hongbao.errors import InvalidRequest, StorageError
+from hongbao.keys import dead_letter_key, events_key
+from hongbao.persister import Persister
+from hongbao.service import Hongbao
+from hongbao.storage.redis import Event
+from tests.api.serving import clean_env, run_cli
+
+pytestmark = [pytest.mark.integration]
+
+
+async def _grant_parked_after_deliveries(service: Hongbao) -> tuple[str, str, dict[str, str]]:
+    """A grab whose grant entry is parked as a crash-looping persister would park it
+    (too many deliveries), before the ledger saw it: (packet id, user, entry fields)."""
+    await service.deposit("s", 1000)
+    packet = await service.send("s", 100, 3)
+    await service.grab(packet.id, "u1")
+    keys = service.store.keys(packet.id)
+    ((entry_id, fields),) = await service.store.client.xrange(keys.events)
+    await service.store.dead_letter(
+        Event(keys.events, entry_id, dict(fields)), "not applied after 5 deliveries"
+    )
+    assert await service.store.client.xlen(keys.events) == 0
+    return packet.id, "u1", dict(fields)
+
+
+async def test_a_parked_grant_is_listed_retried_and_applied_once(
+    service: Hongbao, persister: Persister
+) -> None:
+    packet_id, user, fields = await _grant_parked_after_deliveries(service)
+    bucket = service.store.keys(packet_id).bucket
+
+    (entry,) = await dead_letters.parked(service.store)
+    assert (entry.bucket, entry.reason, entry.fields) == (
+        bucket,
+        "not applied after 5 deliveries",
+        fields,
+    )
+    assert entry.ref == f"b{bucket}/{entry.entry_id}"
+    assert (await service.wallet(user)).balance == 0  # the ledger never got it
+
+    ((ref, new_id),) = await dead_letters.retry(service.store, [entry.ref])
+    assert ref == entry.ref and new_id is not None
+    assert await dead_letters.parked(service.store) == []
+    ((back_id, back_fields),) = await service.store.client.xrange(events_key(bucket))
+    assert (back_id, dict(back_fields)) == (new_id, fields)  # the event's fields, in order
+
+    await asyncio.wait_for(persister.drain(), 20)
+    claim = (await service.claims(packet_id)).claims[0]
+    assert (await service.wallet(user)).balance == claim.amount > 0
+    assert await service.ledger.audit() == []
+    # retried again (say by an operator unsure it went through): still paid once
+    await service.store.dead_letter(Event(events_key(bucket), new_id, fields), "retry test")
+    await dead_letters.retry(service.store, None)
+    await asyncio.wait_for(persister.drain(), 20)
+    assert (await service.wallet(user)).balance == claim.amount
+    assert await dead_letters.parked(service.store) == []
+    assert await service.ledger.audit() == []
+
+
+async def test_an_entry_that_still_fails_is_parked_again_with_its_reason(
+    service: Hongbao, persister: Persister
+) -> None:
+    await service.deposit("s", 1000)
+    packet = await service.send("s", 100, 2)
+    keys = service.store.keys(packet.id)
+    await service.store.client.xadd(keys.events, {"k": "g", "p": packet.id, "c": "u7 nonsense"})
+    await asyncio.wait_for(persister.drain(), 20)
+    (first,) = await dead_letters.parked(service.store)
+    assert "malformed" in first.reason
+
+    await dead_letters.retry(service.store, None)
+    await asyncio.wait_for(persister.drain(), 20)
+    (again,) = await dead_letters.parked(service.store)
+    assert again.entry_id != first.entry_id
+    assert (again.reason, again.fields) == (first.reason, first.fields)
+    assert await service.ledger.audit() == []
+
+
+async def test_bad_names_change_nothing(service: Hongbao) -> None:
+    packet_id, _, _ = await _grant_parked_after_deliveries(service)
+    (entry,) = await dead_letters.parked(service.store)
+    other_bucket = (entry.bucket + 1) % service.store.buckets
+    for refs, message in [
+        (["3-0"], "expected b<bucket>/<id>"),
+        ([f"b{service.store.buckets}/{entry.entry_id}"], "only buckets"),
+        ([entry.ref, f"b{other_bucket}/{entry.entry_id}"], "no dead-letter entry"),
+        ([entry.ref, f"b{entry.bucket}/1-1"], f"b{entry.bucket}/1-1"),
+    ]:
+        with pytest.raises(InvalidRequest, match=message):
+            await dead_letters.retry(service.store, refs)
+        assert await dead_letters.parked(service.store) == [entry]  # nothing moved
+    assert await service.store.client.xlen(service.store.keys(packet_id).events) == 0
+
+
+async def test_the_script_refuses_an_entry_it_did_not_park(service: Hongbao) -> None:
+    dlq = dead_letter_key(1)
+    entry_id = await service.store.client.xadd(dlq, {"k": "g", "p": "x", "c": "u 1:1:1"})
+    with pytest.raises(StorageError, match="not a parked event"):
+        await service.store.retry_dead_letter(1, entry_id)
+    assert await service.store.client.xlen(dlq) == 1
+    assert await service.store.client.xlen(events_key(1)) == 0
+    assert await service.store.retry_dead_letter(1, "1-1") is None
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_cli_lists_retries_and_refuses_bad_input(service: Hongbao, redis_url: str) -> None:
+    await _grant_parked_after_deliveries(service)
+    (entry,) = await dead_letters.parked(service.store)
+    env = {**clean_env(), "HONGBAO_BUCKETS": str(service.store.buckets)}
+
+    def cli(*args: str) -> tuple[int, str]:
+        done = run_cli("dead-letters", "--redis-url", redis_url, *args, env=env)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.returncode, done.stdout + done.stderr
+
+    code, text = cli()
+    assert code == 1 and entry.ref in text and "not applied after 5 deliveries" in text
+    assert "dead-letter entries: 1" in text
+    for bad in (["--retry", "b0/nope"], ["--retry", "b0/1-1"], ["--retry", "x", "--retry-all"]):
+        code, text = cli(*bad)
+        assert code == 2 and "error" in text, (bad, text)
+    assert await dead_letters.parked(service.store) == [entry]
+
+    code, text = cli("--retry-all")
+    assert code == 0, text
+    assert f"{entry.ref}: back on the event stream" in text and "dead-letter entries: 0" in text
+    assert await dead_letters.parked(service.store) == []
