@@ -456,19 +456,38 @@ def dead_letters(
     retry_all: Annotated[
         bool, typer.Option("--retry-all", help="Put every parked entry back.")
     ] = False,
+    resolve: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resolve",
+            metavar="b<BUCKET>/<ID>",
+            help="Set this entry aside, never to be applied (repeatable; needs --note).",
+        ),
+    ] = None,
+    note: Annotated[str, typer.Option(help="Why the --resolve entries are set aside.")] = "",
     redis_url: RedisUrl = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
     """List the events the persister parked, with why; exit 1 while any are left.
 
     Fix the cause first (the reason says it), then retry: the persister applies the
-    entries again, and the ledger applies each claim and refund only once."""
+    entries again, and the ledger applies each claim and refund only once. An entry
+    that must never be applied is resolved, with a note, and kept for the record."""
     from hongbao.dead_letters import main as dead_letters_main
 
-    if retry and retry_all:
-        fail("give --retry or --retry-all, not both")
+    if sum((bool(retry), retry_all, bool(resolve))) > 1:
+        fail("give one of --retry, --retry-all and --resolve")
+    if note and not resolve:
+        fail("--note goes with --resolve")
     with friendly_errors():
-        code = dead_letters_main(data_dir, redis_url, retry_refs=retry, retry_all=retry_all)
+        code = dead_letters_main(
+            data_dir,
+            redis_url,
+            retry_refs=retry,
+            retry_all=retry_all,
+            resolve_refs=resolve,
+            note=note,
+        )
     raise typer.Exit(code)
 
 

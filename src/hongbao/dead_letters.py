@@ -1,4 +1,4 @@
-"""`hongbao dead-letters`: the events the persister parked, and putting them back.
+"""`hongbao dead-letters`: the events the persister parked, retried or set aside.
 
 The persister parks an entry it cannot apply (malformed, refused by the ledger, or
 delivered too many times, e.g. while the database was down and persisters kept
@@ -7,6 +7,10 @@ crashing) on its bucket's dead-letter stream, with the reason. Once the cause is
 any other, and the ledger applies each claim and refund once, so an entry that was
 partly applied before does no harm. An entry that still cannot be applied is parked
 again, with its new reason.
+
+An entry that must never be applied (garbage, or a refund the ledger rightly refused)
+is resolved instead: `--resolve` moves it, with the operator's note, to the bucket's
+resolved stream, where it stays for the record and out of audit's list.
 
 Entries are named ``b<bucket>/<entry id>``, as the listing prints them.
 """
@@ -23,6 +27,7 @@ from typing import TextIO
 from hongbao.audit import run_offline
 from hongbao.errors import InvalidRequest
 from hongbao.keys import bucket_of_key
+from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
 
 #: most entries listed or retried in one run
@@ -74,58 +79,74 @@ async def retry(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[str
 
     Every name is checked before any entry moves: InvalidRequest names those that are
     malformed or not parked. Returns (name, new event id) per entry, the id None when
-    the entry left its dead-letter stream meanwhile (another retry)."""
-    held = [(p.bucket, p.entry_id) for p in await parked(store)]
-    if refs is None:
-        targets = held  # in their order on each stream
-    else:
-        targets = [parse_ref(ref, store.buckets) for ref in refs]
-        unknown = [f"b{b}/{i}" for b, i in targets if (b, i) not in held]
-        if unknown:
-            raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing retried")
+    the entry left its dead-letter stream meanwhile (another operator's move)."""
     return [
         (f"b{bucket}/{entry_id}", await store.retry_dead_letter(bucket, entry_id))
-        for bucket, entry_id in targets
+        for bucket, entry_id in await _targets(store, refs)
     ]
+
+
+async def resolve(
+    store: RedisStore, refs: Sequence[str], note: str
+) -> list[tuple[str, str | None]]:
+    """Move the named entries to their bucket's resolved stream with `note` (why they
+    must never be applied), where they stay for the record; checked and answered like
+    `retry`."""
+    if not note.strip():
+        raise InvalidRequest("say why in a note: resolved entries are never applied")
+    return [
+        (f"b{bucket}/{entry_id}", await store.resolve_dead_letter(bucket, entry_id, note))
+        for bucket, entry_id in await _targets(store, refs)
+    ]
+
+
+async def _targets(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[int, str]]:
+    """(bucket, entry id) of each name, all parked; every parked entry for None."""
+    held = [(p.bucket, p.entry_id) for p in await parked(store)]
+    if refs is None:
+        return held  # in their order on each stream
+    targets = [parse_ref(ref, store.buckets) for ref in refs]
+    unknown = [f"b{b}/{i}" for b, i in targets if (b, i) not in held]
+    if unknown:
+        raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing moved")
+    return targets
 
 
 def main(
     data_dir: Path,
     redis_url: str | None,
     *,
-    retry_refs: Sequence[str] | None,
-    retry_all: bool,
+    retry_refs: Sequence[str] | None = None,
+    retry_all: bool = False,
+    resolve_refs: Sequence[str] | None = None,
+    note: str = "",
     out: TextIO = sys.stdout,
 ) -> int:
     """Body of `hongbao dead-letters`: 0 when nothing is left parked, 1 otherwise."""
-    return run_offline(
-        data_dir,
-        redis_url,
-        None,
-        lambda settings: _run(settings.redis_url, settings.buckets, retry_refs, retry_all, out),
-    )
 
-
-async def _run(
-    redis_url: str,
-    buckets: int,
-    retry_refs: Sequence[str] | None,
-    retry_all: bool,
-    out: TextIO,
-) -> int:
-    store = store_from_url(redis_url, buckets)
-    try:
-        if retry_all or retry_refs:
-            for ref, new_id in await retry(store, None if retry_all else retry_refs):
-                if new_id is None:
-                    print(f"{ref}: gone from the dead-letter stream meanwhile", file=out)
-                else:
-                    print(f"{ref}: back on the event stream as {new_id}", file=out)
-        left = await parked(store)
+    async def run(settings: Settings) -> int:
+        store = store_from_url(settings.redis_url, settings.buckets)
+        try:
+            if resolve_refs:
+                _report(await resolve(store, resolve_refs, note), "resolved", out)
+            elif retry_all or retry_refs:
+                moved = await retry(store, None if retry_all else retry_refs)
+                _report(moved, "back on the event stream", out)
+            left = await parked(store)
+        finally:
+            await store.aclose()
         for entry in left:
             fields = " ".join(f"{k}={v}" for k, v in entry.fields.items())
             print(f"{entry.ref} (event {entry.event_id}): {entry.reason}\n    {fields}", file=out)
         print(f"dead-letter entries: {len(left)}", file=out)
         return 1 if left else 0
-    finally:
-        await store.aclose()
+
+    return run_offline(data_dir, redis_url, None, run)
+
+
+def _report(moved: list[tuple[str, str | None]], where: str, out: TextIO) -> None:
+    for ref, new_id in moved:
+        if new_id is None:
+            print(f"{ref}: gone from the dead-letter stream meanwhile", file=out)
+        else:
+            print(f"{ref}: {where} as {new_id}", file=out)

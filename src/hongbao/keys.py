@@ -34,6 +34,11 @@ def dead_letter_key(bucket: int) -> str:
     return f"{PREFIX}:{bucket_tag(bucket)}:dlq"
 
 
+def resolved_key(bucket: int) -> str:
+    """Stream of dead letters an operator resolved without applying them, with the note."""
+    return f"{PREFIX}:{bucket_tag(bucket)}:dlq:resolved"
+
+
 def bucket_of_key(key: str) -> int:
     """The bucket in a key's hash tag (``hb:{b3}:ev`` -> 3); ValueError if it has none."""
     start = key.find("{b")

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from hongbao import dead_letters
+from hongbao.audit import audit
 from hongbao.errors import InvalidRequest, StorageError
-from hongbao.keys import dead_letter_key, events_key
+from hongbao.keys import dead_letter_key, events_key, resolved_key
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.storage.redis import Event
@@ -30,6 +31,17 @@ async def _grant_parked_after_deliveries(service: Hongbao) -> tuple[str, str, di
     )
     assert await service.store.client.xlen(keys.events) == 0
     return packet.id, "u1", dict(fields)
+
+
+async def _malformed_entry_parked(service: Hongbao, persister: Persister) -> dead_letters.Parked:
+    """A grant entry with a malformed line, parked by the persister."""
+    await service.deposit("s", 1000)
+    packet = await service.send("s", 100, 2)
+    keys = service.store.keys(packet.id)
+    await service.store.client.xadd(keys.events, {"k": "g", "p": packet.id, "c": "u7 nonsense"})
+    await asyncio.wait_for(persister.drain(), 20)
+    (entry,) = await dead_letters.parked(service.store)
+    return entry
 
 
 async def test_a_parked_grant_is_listed_retried_and_applied_once(
@@ -69,12 +81,7 @@ async def test_a_parked_grant_is_listed_retried_and_applied_once(
 async def test_an_entry_that_still_fails_is_parked_again_with_its_reason(
     service: Hongbao, persister: Persister
 ) -> None:
-    await service.deposit("s", 1000)
-    packet = await service.send("s", 100, 2)
-    keys = service.store.keys(packet.id)
-    await service.store.client.xadd(keys.events, {"k": "g", "p": packet.id, "c": "u7 nonsense"})
-    await asyncio.wait_for(persister.drain(), 20)
-    (first,) = await dead_letters.parked(service.store)
+    first = await _malformed_entry_parked(service, persister)
     assert "malformed" in first.reason
 
     await dead_letters.retry(service.store, None)
@@ -82,6 +89,29 @@ async def test_an_entry_that_still_fails_is_parked_again_with_its_reason(
     (again,) = await dead_letters.parked(service.store)
     assert again.entry_id != first.entry_id
     assert (again.reason, again.fields) == (first.reason, first.fields)
+    assert await service.ledger.audit() == []
+
+
+async def test_a_resolved_entry_is_kept_aside_with_its_note_and_never_applied(
+    service: Hongbao, persister: Persister
+) -> None:
+    entry = await _malformed_entry_parked(service, persister)
+
+    with pytest.raises(InvalidRequest, match="note"):
+        await dead_letters.resolve(service.store, [entry.ref], "  ")
+    assert await dead_letters.parked(service.store) == [entry]
+    ((ref, new_id),) = await dead_letters.resolve(service.store, [entry.ref], "test garbage")
+    assert ref == entry.ref and new_id is not None
+    assert await dead_letters.parked(service.store) == []
+    ((kept_id, kept),) = await service.store.client.xrange(resolved_key(entry.bucket))
+    assert kept_id == new_id
+    assert list(kept)[:4] == ["note", "resolved_at", "reason", "id"]
+    assert kept["note"] == "test garbage" and int(kept["resolved_at"]) > 0
+    assert (kept["reason"], kept["id"]) == (entry.reason, entry.event_id)
+    assert {k: v for k, v in kept.items() if k in entry.fields} == entry.fields
+    assert await service.store.client.xlen(events_key(entry.bucket)) == 0  # nothing to apply
+    report = await audit(service, settle=0)
+    assert report.clean and report.dead_letters == []
     assert await service.ledger.audit() == []
 
 
@@ -109,12 +139,17 @@ async def test_the_script_refuses_an_entry_it_did_not_park(service: Hongbao) -> 
     assert await service.store.client.xlen(dlq) == 1
     assert await service.store.client.xlen(events_key(1)) == 0
     assert await service.store.retry_dead_letter(1, "1-1") is None
+    parked_id = await service.store.client.xadd(dlq, {"reason": "r", "id": "1-0", "k": "g"})
+    with pytest.raises(StorageError, match="unknown move"):
+        await service.store._move_dead_letter(1, parked_id, events_key(1), "bogus")
+    assert await service.store.client.xlen(dlq) == 2
 
 
 @pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 async def test_cli_lists_retries_and_refuses_bad_input(service: Hongbao, redis_url: str) -> None:
     await _grant_parked_after_deliveries(service)
     (entry,) = await dead_letters.parked(service.store)
+    entry_fields = {"reason": entry.reason, "id": entry.event_id, **entry.fields}
     env = {**clean_env(), "HONGBAO_BUCKETS": str(service.store.buckets)}
 
     def cli(*args: str) -> tuple[int, str]:
@@ -125,7 +160,14 @@ async def test_cli_lists_retries_and_refuses_bad_input(service: Hongbao, redis_u
     code, text = cli()
     assert code == 1 and entry.ref in text and "not applied after 5 deliveries" in text
     assert "dead-letter entries: 1" in text
-    for bad in (["--retry", "b0/nope"], ["--retry", "b0/1-1"], ["--retry", "x", "--retry-all"]):
+    for bad in (
+        ["--retry", "b0/nope"],
+        ["--retry", "b0/1-1"],
+        ["--retry", "x", "--retry-all"],
+        ["--retry", entry.ref, "--resolve", entry.ref, "--note", "n"],
+        ["--resolve", entry.ref],
+        ["--note", "why", "--retry-all"],
+    ):
         code, text = cli(*bad)
         assert code == 2 and "error" in text, (bad, text)
     assert await dead_letters.parked(service.store) == [entry]
@@ -134,3 +176,10 @@ async def test_cli_lists_retries_and_refuses_bad_input(service: Hongbao, redis_u
     assert code == 0, text
     assert f"{entry.ref}: back on the event stream" in text and "dead-letter entries: 0" in text
     assert await dead_letters.parked(service.store) == []
+
+    await service.store.client.xadd(dead_letter_key(entry.bucket), entry_fields)  # parked again
+    (again,) = await dead_letters.parked(service.store)
+    code, text = cli("--resolve", again.ref, "--note", "duplicate of the retried one")
+    assert code == 0 and f"{again.ref}: resolved" in text, text
+    assert await dead_letters.parked(service.store) == []
+    assert await service.store.client.xlen(resolved_key(entry.bucket)) == 1

@@ -22,6 +22,7 @@ from hongbao.keys import (
     bucket_of_key,
     dead_letter_key,
     events_key,
+    resolved_key,
 )
 from hongbao.storage.connections import KeptConnections
 
@@ -159,7 +160,7 @@ class RedisStore:
         self.lua_status = self._script("status")
         self.lua_ack = self._script("ack")
         self.lua_dead_letter = self._script("dead_letter")
-        self.lua_retry_dead_letter = self._script("retry_dead_letter")
+        self.lua_move_dead_letter = self._script("move_dead_letter")
 
     def _script(self, name: str) -> AsyncScript:
         return self.client.register_script(read_lua(name))
@@ -339,8 +340,18 @@ class RedisStore:
     async def retry_dead_letter(self, bucket: int, entry_id: str) -> str | None:
         """Move a parked entry back onto its bucket's event stream, for the persister to
         apply again; the new entry's id, or None when the bucket holds no such entry."""
+        return await self._move_dead_letter(bucket, entry_id, events_key(bucket), "retry")
+
+    async def resolve_dead_letter(self, bucket: int, entry_id: str, note: str) -> str | None:
+        """Move a parked entry to its bucket's resolved stream, with `note`, never to be
+        applied; the new entry's id, or None when the bucket holds no such entry."""
+        return await self._move_dead_letter(bucket, entry_id, resolved_key(bucket), "resolve", note)
+
+    async def _move_dead_letter(
+        self, bucket: int, entry_id: str, to: str, how: str, note: str = ""
+    ) -> str | None:
         new_id = await self._run(
-            self.lua_retry_dead_letter, [dead_letter_key(bucket), events_key(bucket)], [entry_id]
+            self.lua_move_dead_letter, [dead_letter_key(bucket), to], [entry_id, how, note]
         )
         return None if new_id is None else str(new_id)
 
