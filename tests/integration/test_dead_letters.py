@@ -1,4 +1,4 @@
-"""Dead letters: listing the events the persister parked, and putting them back."""
+"""Dead letters: listing the events the persister parked, retrying them, setting them aside."""
 
 from __future__ import annotations
 
