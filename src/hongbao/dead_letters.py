@@ -50,7 +50,12 @@ class Parked:
 
     @property
     def ref(self) -> str:
-        return f"b{self.bucket}/{self.entry_id}"
+        return entry_name(self.bucket, self.entry_id)
+
+
+def entry_name(bucket: int, entry_id: str) -> str:
+    """How the listing names an entry, and `parse_ref` reads it back."""
+    return f"b{bucket}/{entry_id}"
 
 
 def parse_ref(text: str, buckets: int) -> tuple[int, str]:
@@ -81,7 +86,7 @@ async def retry(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[str
     malformed or not parked. Returns (name, new event id) per entry, the id None when
     the entry left its dead-letter stream meanwhile (another operator's move)."""
     return [
-        (f"b{bucket}/{entry_id}", await store.retry_dead_letter(bucket, entry_id))
+        (entry_name(bucket, entry_id), await store.retry_dead_letter(bucket, entry_id))
         for bucket, entry_id in await _targets(store, refs)
     ]
 
@@ -95,7 +100,7 @@ async def resolve(
     if not note.strip():
         raise InvalidRequest("say why in a note: resolved entries are never applied")
     return [
-        (f"b{bucket}/{entry_id}", await store.resolve_dead_letter(bucket, entry_id, note))
+        (entry_name(bucket, entry_id), await store.resolve_dead_letter(bucket, entry_id, note))
         for bucket, entry_id in await _targets(store, refs)
     ]
 
@@ -106,7 +111,7 @@ async def _targets(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[
     if refs is None:
         return held  # in their order on each stream
     targets = [parse_ref(ref, store.buckets) for ref in refs]
-    unknown = [f"b{b}/{i}" for b, i in targets if (b, i) not in held]
+    unknown = [entry_name(b, i) for b, i in targets if (b, i) not in held]
     if unknown:
         raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing moved")
     return targets
