@@ -59,6 +59,10 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
     for mode in ("aof", "ledger"):  # the embedded Valkey has WAITAOF: neither is skipped
         row = next(r for r in data["scenarios"] if r["scenario"] == f"hongbao-ack-{mode}")
         assert row["status"] == "ok" and row["result"]["duplicates"] == 0, row
+    for name in ("hello-world", "hongbao-http"):  # loaded in slices, each counted
+        row = next(r for r in data["scenarios"] if r["scenario"] == name)
+        assert row["status"] == "ok" and row["figures"]["slices_rps"], row
+        assert row["result"]["grabs_attempted"] > 0
     assert {t["name"] for t in data["targets"]} >= {"hongbao / seed-baseline"}
     assert plot.stat().st_size > 0
     assert "| scenario |" in markdown.read_text()

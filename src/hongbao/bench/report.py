@@ -172,6 +172,8 @@ def _headline(o: Outcome) -> str:
     if f.get("rounds_grabs_per_second"):
         rates = " / ".join(_num(r) for r in f["rounds_grabs_per_second"])
         bits.append(f"rounds {rates} grabs/s (median shown)")
+    if len(f.get("slices_rps", ())) > 1:
+        bits.append(f"slices {' / '.join(_num(r) for r in f['slices_rps'])} req/s")
     if "grabs_per_call" in f:
         bits.append(f"{f['grabs_per_call']} grabs/call")
     if "of_hello_world_pct" in f:

@@ -7,8 +7,9 @@ Scenario names (``--scenarios``):
   the same server, 50 clients, unpipelined and ``-P 16`` (the server's own ceiling);
 * ``hongbao``: `Hongbao.grab` with coalescing, many concurrent grabbers over hot packets;
 * ``hongbao-nocoalesce``: the same with ``coalesce_max_batch=1`` (one script call per grab);
-* ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), with
-  the hello-world ceiling of the same uvicorn setup measured in the same run;
+* ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), and
+  the hello-world ceiling of the same uvicorn setup, in alternating slices of the same run
+  (`hongbao.bench.http_scenario`);
 * ``designs``: seed 003's six designs (`hongbao.bench.designs`) on PostgreSQL and MariaDB;
 * ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet;
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
@@ -21,7 +22,6 @@ On a cluster, the scenarios built on seed 002's script are skipped (its keys spa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -30,9 +30,7 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -58,7 +56,6 @@ from hongbao.bench.harness import (
     percentile_ms,
     run_scenario,
     run_seed_baseline,
-    stop_process,
 )
 from hongbao.bench.harness import seed002_script as _seed002_script
 from hongbao.bench.results import ScenarioResult
@@ -94,7 +91,6 @@ DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
 SENDER = "bench-sender"
 MEMORY_SHARES = 10_000
-HTTP_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -560,275 +556,6 @@ async def ack_modes(ctx: BenchContext) -> list[Outcome]:
     return outcomes
 
 
-# --------------------------------------------------------------------------- HTTP
-
-WRK_SCRIPT = r"""
--- hongbao bench: POST grab, one user (bearer token) per request, read from a file
--- of "packet_id token" lines; args: file, first line, lines (this run's slice)
-local lines, n, i = {}, 0, 0
-local counter = 0
-local threads = {}
-
-function setup(thread)
-  thread:set("tid", counter)
-  counter = counter + 1
-  table.insert(threads, thread)
-end
-
-function init(args)
-  local first, count = tonumber(args[2]), tonumber(args[3])
-  local k = 0
-  for line in io.lines(args[1]) do
-    k = k + 1
-    if k > first and k <= first + count then
-      local sp = line:find(" ", 1, true)
-      n = n + 1
-      lines[n] = wrk.format("POST", "/v1/packets/" .. line:sub(1, sp - 1) .. "/grab",
-        {["Authorization"] = "Bearer " .. line:sub(sp + 1), ["Content-Length"] = "0"})
-    end
-  end
-  i = tid or 0
-end
-
-function request()
-  i = i + 1
-  if i > n then i = 1 end
-  return lines[i]
-end
-
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    'WRKJSON {"requests":%d,"duration_us":%d,"status_errors":%d,"connect":%d,' ..
-    '"read":%d,"write":%d,"timeout":%d,"p50_us":%d,"p99_us":%d,"mean_us":%.1f}\n',
-    summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
-    latency:percentile(50), latency:percentile(99), latency.mean))
-end
-"""
-
-
-def _wait_http(
-    port: int,
-    proc: subprocess.Popen[bytes],
-    path: str,
-    log: Path,
-    workers: int,
-    timeout: float = 90,
-) -> None:
-    """Wait until every worker has started (uvicorn logs one line each) and `path` answers."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-500:]
-            raise RuntimeError(f"the server exited with {proc.returncode}: {tail}")
-        started = log.read_text(errors="replace").count("Application startup complete")
-        if started >= workers:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):
-                    return
-            except OSError:
-                pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the server on port {port} was not up within {timeout:.0f}s")
-
-
-@contextlib.contextmanager
-def _server(args: list[str], env: dict[str, str], port: int, path: str, log: Path) -> Any:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait_http(port, proc, path, log, HTTP_WORKERS)
-            yield proc
-        finally:
-            stop_process(proc, 30)
-
-
-def _wrk(
-    port: int, script: Path, lines: Path, first: int, count: int, seconds: float, connections: int
-) -> dict[str, Any]:
-    args = [
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{max(1, round(seconds))}s",
-        "--timeout",
-        "10s",
-        "-s",
-        str(script),
-        f"http://127.0.0.1:{port}",
-        "--",
-        str(lines),
-        str(first),
-        str(count),
-    ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("WRKJSON "):
-            data: dict[str, Any] = json.loads(line[len("WRKJSON ") :])
-            data["rps"] = data["requests"] / (data["duration_us"] / 1e6)
-            return data
-    raise RuntimeError(f"wrk failed: {(proc.stderr or proc.stdout)[-300:]}")
-
-
-def _http_result(name: str, data: dict[str, Any], connections: int) -> ScenarioResult:
-    return ScenarioResult(
-        name=name,
-        backend="http",
-        grabs_attempted=int(data["requests"]),
-        granted=0,
-        turned_away_while_left=0,
-        duplicates=0,
-        over_issue=0,
-        retries_or_conflicts=0,
-        seconds=data["duration_us"] / 1e6,
-        p50_ms=data["p50_us"] / 1000,
-        p99_ms=data["p99_us"] / 1000,
-        extra={"connections": connections, "wrk": data},
-    )
-
-
-async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
-    if shutil.which("wrk") is None:
-        note = "wrk not found (apt-get install -y wrk)"
-        return [
-            Outcome("hello-world", "hongbao-http", "skipped", note=note),
-            Outcome("hongbao-http", "hongbao-http", "skipped", note=note),
-        ]
-    p = ctx.profile
-    work = ctx.work_dir / f"http-{secrets.token_hex(4)}"
-    work.mkdir(parents=True)
-    secret = secrets.token_hex(32)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
-    env.update(HONGBAO_SECRET=secret, PYTHONUNBUFFERED="1")
-    # enough distinct users (and shares) for the measured run at a generous 40k req/s
-    users_needed = int(max(2_000, 40_000 * p.http_seconds))
-    warm_users = 2_000
-    packets = 8
-    per_packet = -(-(users_needed + warm_users) // packets)
-    settings = ctx.settings(max_count=per_packet)
-    service = await Hongbao.connect(settings, migrate=True)
-    try:
-        ctx.say(f"opening {packets} packets of {per_packet:,} shares")
-        shares = await send_packets(service, packets, per_packet, random.Random(11))
-        packet_ids = list(shares)
-        users = [f"h{k}" for k in range(1, packets * per_packet + 1)]
-        ctx.say(f"{len(users):,} tokens")
-        proc = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "hongbao.cli", "token", "-", "--ttl", "3600"],
-            input="\n".join(users),
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
-        tokens = proc.stdout.split()
-        if len(tokens) != len(users):
-            raise RuntimeError("hongbao token did not print one token per user")
-        lines = work / "users.txt"
-        lines.write_text(
-            "".join(f"{packet_ids[k % packets]} {t}\n" for k, t in enumerate(tokens)),
-            encoding="ascii",
-        )
-        script = work / "grab.lua"
-        script.write_text(WRK_SCRIPT, encoding="ascii")
-        conns, secs = p.http_connections, p.http_seconds
-        uvicorn_opts = ["--workers", str(HTTP_WORKERS), "--log-level", "info"]
-
-        # the ceiling: hello world on the same worker processes and uvicorn options
-        port = _free_port()
-        hello_args = [sys.executable, "-m", "hongbao.bench.hello", str(port), str(HTTP_WORKERS)]
-        ctx.say("hello-world: starting 2 workers")
-        with _server(hello_args, env, port, "/healthz", work / "hello.log") as server:
-            ctx.say(f"hello-world: wrk {conns} connections, {secs:.0f}s")
-            await asyncio.to_thread(_wrk, port, script, lines, 0, warm_users, 1, conns)
-            meter = CpuMeter(ctx.admin())
-            served0 = _tree_cpu_seconds(server.pid)
-            hello = await asyncio.to_thread(
-                _wrk, port, script, lines, warm_users, users_needed, secs, conns
-            )
-            hello_cpu = meter.stop()
-            hello_cpu["server_cpu_pct"] = round(
-                (_tree_cpu_seconds(server.pid) - served0) / (hello["duration_us"] / 1e6) * 100, 1
-            )
-            hello_cpu["server_us_per_request"] = round(
-                (_tree_cpu_seconds(server.pid) - served0) / max(1, hello["requests"]) * 1e6, 1
-            )
-            hello_cpu["other_cpu_pct"] = round(
-                max(0.0, hello_cpu["other_cpu_pct"] - hello_cpu["server_cpu_pct"]), 1
-            )
-            meter.client.close()
-            for key in ("python_cpu_pct", "redis_cpu_pct"):
-                hello_cpu.pop(key)
-
-        port = _free_port()
-        serve_args = [sys.executable, "-m", "hongbao.cli", "serve", "--port", str(port)]
-        serve_args += ["--redis-url", ctx.redis_url, "--database-url", ctx.database_url]
-        serve_args += ["--data-dir", str(work / "data"), "--no-persister", *uvicorn_opts]
-        ctx.say("hongbao serve --workers 2: starting")
-        with _server(serve_args, env, port, "/healthz", work / "serve.log") as server:
-            ctx.say(f"hongbao-http: wrk {conns} connections, {secs:.0f}s")
-            await asyncio.to_thread(_wrk, port, script, lines, 0, warm_users, 1, conns)
-            admin = ctx.admin()
-            meter = CpuMeter(admin)
-            served0 = _tree_cpu_seconds(server.pid)
-            grab = await asyncio.to_thread(
-                _wrk, port, script, lines, warm_users, users_needed, secs, conns
-            )
-            cpu = meter.stop()
-            served = _tree_cpu_seconds(server.pid) - served0
-            cpu["server_cpu_pct"] = round(served / (grab["duration_us"] / 1e6) * 100, 1)
-            cpu["server_us_per_request"] = round(served / max(1, grab["requests"]) * 1e6, 1)
-            cpu["other_cpu_pct"] = round(max(0.0, cpu["other_cpu_pct"] - cpu["server_cpu_pct"]), 1)
-            cpu.pop("python_cpu_pct")  # the workers and wrk are in other_cpu_pct
-            admin.close()
-        claims, leftover, problems = await audit_packets(
-            service, shares, {u: k for k, u in enumerate(users, start=1)}
-        )
-        await forget_packets(service, shares)
-    finally:
-        await service.aclose()
-    hello_result = _http_result("hello-world", hello, conns)
-    hello_ok = hello["status_errors"] == 0 and hello["requests"] > 0
-    out = [
-        Outcome(
-            "hello-world",
-            "hongbao-http",
-            "ok" if hello_ok else "failed",
-            hello_result,
-            "" if hello_ok else f"{hello['status_errors']} non-2xx answers",
-            {"rps": round(hello["rps"], 1), **hello_cpu},
-        )
-    ]
-    result = _http_result("hongbao-http", grab, conns)
-    n_claims = sum(len(v) for v in claims.values())
-    all_shares = [a for amounts in shares.values() for a in amounts]
-    result.granted = len(claims)
-    result.duplicates = sum(1 for v in claims.values() if len(v) > 1)
-    result.over_issue = max(0, n_claims - len(all_shares))
-    result.conserved = (
-        n_claims + leftover[0] == len(all_shares)
-        and sum(a for v in claims.values() for a in v) + leftover[1] == sum(all_shares)
-        and not problems
-    )
-    if grab["status_errors"]:
-        problems.append(f"{grab['status_errors']} non-2xx answers")
-    if grab["requests"] + warm_users > len(users):
-        problems.append("more requests than users: some were repeats")
-    result.extra.update(claims=n_claims, shares=len(all_shares))
-    figures: dict[str, Any] = {
-        "rps": round(grab["rps"], 1),
-        **cpu,
-        "of_hello_world_pct": round(100 * grab["rps"] / hello["rps"], 1) if hello["rps"] else 0,
-    }
-    ok = result.ok and grab["status_errors"] == 0
-    note = "; ".join([*problems, _problems(result)]).strip("; ")
-    out.append(
-        Outcome("hongbao-http", "hongbao-http", "ok" if ok else "failed", result, note, figures)
-    )
-    return out
-
-
 # --------------------------------------------------------------------------- seed 003
 
 
@@ -905,6 +632,12 @@ async def memory(ctx: BenchContext) -> list[Outcome]:
     from hongbao.bench.memory import memory_scenario
 
     return await memory_scenario(ctx)
+
+
+async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
+    from hongbao.bench.http_scenario import hongbao_http as run
+
+    return await run(ctx)
 
 
 async def hongbao_cluster(ctx: BenchContext) -> list[Outcome]:
