@@ -171,13 +171,19 @@ def _headline(o: Outcome) -> str:
         bits.append(f"other processes {f['other_cpu_pct']}%")
     if f.get("rounds_grabs_per_second"):
         rates = " / ".join(_num(r) for r in f["rounds_grabs_per_second"])
-        bits.append(f"rounds {rates} grabs/s (median shown)")
+        shown = (
+            "the median ratio's round shown" if "rounds_of_hello_world_pct" in f else "median shown"
+        )
+        bits.append(f"rounds {rates} grabs/s ({shown})")
     if len(f.get("slices_rps", ())) > 1:
         bits.append(f"slices {' / '.join(_num(r) for r in f['slices_rps'])} req/s")
     if "grabs_per_call" in f:
         bits.append(f"{f['grabs_per_call']} grabs/call")
     if "of_hello_world_pct" in f:
         bits.append(f"{f['of_hello_world_pct']}% of hello")
+    if f.get("rounds_of_hello_world_pct"):
+        ratios = " / ".join(f"{r}%" for r in f["rounds_of_hello_world_pct"])
+        bits.append(f"rounds {ratios} of hello")
     if "bytes_per_share" in f:
         bits.append(
             f"{f['bytes_per_share']} B/share ({f['shares_encoding']}), "
