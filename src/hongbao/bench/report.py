@@ -171,9 +171,9 @@ def _headline(o: Outcome) -> str:
         bits.append(f"other processes {f['other_cpu_pct']}%")
     if f.get("rounds_grabs_per_second"):
         rates = " / ".join(_num(r) for r in f["rounds_grabs_per_second"])
-        shown = (
-            "the median ratio's round shown" if "rounds_of_hello_world_pct" in f else "median shown"
-        )
+        shown = "median shown"
+        if "rounds_shown" in f:  # a row of a ratio pair: the round of the median ratio
+            shown = f"round {f['rounds_shown']} shown: the median ratio's"
         bits.append(f"rounds {rates} grabs/s ({shown})")
     if len(f.get("slices_rps", ())) > 1:
         bits.append(f"slices {' / '.join(_num(r) for r in f['slices_rps'])} req/s")
