@@ -61,6 +61,17 @@ def test_cpu_is_weighted_by_slice_length() -> None:
     assert "python_cpu_pct" not in figures and "machine_cpu_pct" not in figures
 
 
+def test_the_grab_side_moves_on_to_fresh_users_and_notices_repeats() -> None:
+    grab = _Side(pid=1, port=1, next_line=2_000, fresh_users=True)
+    grab.record(_run(30_000, 3.0, 1, 1, 1.0), count=120_000)
+    assert grab.next_line == 32_000 and not grab.ran_out
+    grab.record(_run(130_000, 3.0, 1, 1, 1.0), count=120_000)  # wrk wrapped round its users
+    assert grab.ran_out
+    hello = _Side(pid=2, port=2, next_line=2_000, fresh_users=False)
+    hello.record(_run(150_000, 3.0, 1, 1, 1.0), count=120_000)  # hello grabs nothing
+    assert hello.next_line == 2_000 and not hello.ran_out
+
+
 def test_users_file_lines_have_one_width_for_seeking(tmp_path: Path) -> None:
     rows = ["p1 short", "p22 a-much-longer-token", "p3 mid-token"]
     users = _Users.write(tmp_path / "users.txt", rows)

@@ -221,6 +221,14 @@ class _Side:
     runs: list[dict[str, Any]] = field(default_factory=list)
     cpu: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (seconds, figures)
     server_seconds: float = 0.0
+    ran_out: bool = False  # a slice sent more requests than it had fresh users: repeats
+
+    def record(self, data: dict[str, Any], count: int) -> None:
+        """Add a slice's wrk figures; it was given `count` users from `next_line` on."""
+        self.runs.append(data)
+        if self.fresh_users:
+            self.next_line += data["requests"]
+            self.ran_out = self.ran_out or data["requests"] > count
 
     def wrk_totals(self) -> dict[str, Any]:
         """wrk's figures over all slices: sums, the median p50, the worst p99."""
@@ -281,9 +289,7 @@ async def _load(
         side.server_seconds += _tree_cpu_seconds(side.pid) - served0
     finally:
         admin.close()
-    side.runs.append(data)
-    if side.fresh_users:
-        side.next_line += data["requests"]
+    side.record(data, count)
 
 
 async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
@@ -354,7 +360,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
                     f"slice {k + 1}/{slices}: wrk {conns} connections, {secs / slices:.0f}s each"
                 )
                 for side in (hello, grab) if k % 2 == 0 else (grab, hello):
-                    count = min(warm_users + users_needed - side.next_line, per_slice)
+                    count = max(1, min(warm_users + users_needed - side.next_line, per_slice))
                     await _load(ctx, side, script, user_file, count, secs / slices)
         claims, leftover, problems = await audit_packets(
             service, shares, {u: k for k, u in enumerate(users, start=1)}
@@ -389,7 +395,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
     )
     if grab_totals["status_errors"]:
         problems.append(f"{grab_totals['status_errors']} non-2xx answers")
-    if grab.next_line > len(users):
+    if grab.ran_out:
         problems.append("more requests than users: some were repeats")
     result.extra.update(claims=n_claims, shares=len(all_shares))
     hello_rps = hello_totals["rps"]
