@@ -58,7 +58,8 @@ def test_cpu_is_weighted_by_slice_length() -> None:
     assert figures["server_cpu_pct"] == 130.0  # 5.2 s over 4 s of load
     assert figures["server_us_per_request"] == 130.0  # 5.2 s over 40,000 requests
     assert figures["other_cpu_pct"] == 29.0  # 159 % besides Redis and the bench, less the server
-    assert "python_cpu_pct" not in figures and "machine_cpu_pct" not in figures
+    assert figures["machine_cpu_pct"] == 185.0  # reported, as before the slices
+    assert "python_cpu_pct" not in figures  # the bench process, not a server
 
 
 def test_the_grab_side_moves_on_to_fresh_users_and_notices_repeats() -> None:

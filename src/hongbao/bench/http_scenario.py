@@ -262,7 +262,6 @@ class _Side:
         if "other_cpu_pct" in out:  # the bench process is python_cpu_pct; wrk stays in here
             out["other_cpu_pct"] = round(max(0.0, out["other_cpu_pct"] - out["server_cpu_pct"]), 1)
         out.pop("python_cpu_pct", None)
-        out.pop("machine_cpu_pct", None)
         return out
 
 
