@@ -53,8 +53,10 @@ class GrabCoalescer:
         self.per_bucket = store.cluster
         self._lanes: dict[int, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        #: grabs sent and script calls made, to see the coalescing at work
+        #: grabs sent, packets they were for (counted once a call) and script calls made,
+        #: to see the coalescing at work
         self.grabs = 0
+        self.packets = 0
         self.calls = 0
 
     async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
@@ -95,6 +97,7 @@ class GrabCoalescer:
                     group[2].append(fut)
                 self.calls += 1
                 self.grabs += len(batch)
+                self.packets += len(groups)
                 try:
                     answers = await self.store.grab_batch([(k, u) for k, u, _ in groups.values()])
                 except Exception as exc:

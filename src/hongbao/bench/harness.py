@@ -198,6 +198,14 @@ def grabs_per_call(service: Hongbao) -> float | None:
     return round(coalescer.grabs / coalescer.calls, 1)
 
 
+def packets_per_call(service: Hongbao) -> float | None:
+    """How many packets each coalesced script call touched (None without coalescing)."""
+    coalescer = service.coalescer
+    if coalescer is None or not coalescer.calls:
+        return None
+    return round(coalescer.packets / coalescer.calls, 1)
+
+
 def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """Ask a child server to stop (SIGTERM); kill it if it is still there after `timeout`."""
     if proc.poll() is not None:

@@ -179,6 +179,8 @@ def _headline(o: Outcome) -> str:
         bits.append(f"slices {' / '.join(_num(r) for r in f['slices_rps'])} req/s")
     if "grabs_per_call" in f:
         bits.append(f"{f['grabs_per_call']} grabs/call")
+    if "packets_per_call" in f:
+        bits.append(f"{f['packets_per_call']} packets/call")
     if "of_hello_world_pct" in f:
         bits.append(f"{f['of_hello_world_pct']}% of hello")
     if f.get("rounds_of_hello_world_pct"):

@@ -7,6 +7,8 @@ Scenario names (``--scenarios``):
   the same server, 50 clients, unpipelined and ``-P 16`` (the server's own ceiling);
 * ``hongbao``: `Hongbao.grab` with coalescing, many concurrent grabbers over hot packets;
 * ``hongbao-nocoalesce``: the same with ``coalesce_max_batch=1`` (one script call per grab);
+* ``hongbao-spread``: the same storm spread over many packets, one grab of each in a call
+  (a grab costs Redis most in that shape: the batch script's work is mostly per packet);
 * ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), and
   the hello-world ceiling of the same uvicorn setup, in alternating slices of the same run
   (`hongbao.bench.http_scenario`);
@@ -53,6 +55,7 @@ from hongbao.bench.harness import (
     account,
     engine_storm,
     grabs_per_call,
+    packets_per_call,
     percentile_ms,
     run_scenario,
     run_seed_baseline,
@@ -73,6 +76,7 @@ SCENARIOS = (
     "redis-benchmark",
     "hongbao",
     "hongbao-nocoalesce",
+    "hongbao-spread",
     "ack-modes",
     "hongbao-http",
     "designs",
@@ -81,7 +85,9 @@ SCENARIOS = (
 )
 #: scenario groups whose failure makes `hongbao bench` exit non-zero (hongbao-nocoalesce is a
 #: comparison with coalescing off, not the shipped configuration: shown failing, not fatal)
-OURS = frozenset({"hongbao", "ack-modes", "hongbao-http", "memory", "hongbao-cluster"})
+OURS = frozenset(
+    {"hongbao", "hongbao-spread", "ack-modes", "hongbao-http", "memory", "hongbao-cluster"}
+)
 #: --ack modes measured by the ack-modes group (replica needs a replica server)
 BENCH_ACK_MODES = ("aof", "ledger")
 #: ack-mode runs grab this fraction of the hongbao scenario's grabs (they are slower)
@@ -111,6 +117,8 @@ class Profile:
     design_grabbers: int
     design_concurrency: int
     memory_shares: int = MEMORY_SHARES
+    spread_packets: int = 1_000
+    spread_shares: int = 80  # per packet
 
     @property
     def cluster_grabs(self) -> int:
@@ -123,7 +131,9 @@ class Profile:
 #: scenarios' writes set off (seen inside it) was a fifth of it: Redis CPU read 79-82%
 #: in 4 runs after seed-baseline and redis-benchmark, 88-93% in 3 alone. Now 89-93%.
 PROFILES: dict[str, Profile] = {
-    "tiny": Profile("tiny", 2_000, 20, 5_000, 4, 1_000, 500, 500, 1.0, 64, 20, 40, 10, 1_000),
+    "tiny": Profile(
+        "tiny", 2_000, 20, 5_000, 4, 1_000, 500, 500, 1.0, 64, 20, 40, 10, 1_000, 40, 10
+    ),
     "quick": Profile("quick", 40_000, 20, 60_000, 8, 40_000, 2_000, 4_000, 3.0, 64, 100, 200, 20),
     "full": Profile(
         "full", 200_000, 20, 300_000, 8, 50_000, 2_000, 12_500, 12.0, 64, 1_000, 2_000, 20
@@ -485,10 +495,13 @@ async def _hongbao_run(
     coalesce: bool,
     *,
     group: str | None = None,
+    packets: int | None = None,
     per_packet: int | None = None,
     ack_mode: str = "redis",
 ) -> Outcome:
     p = ctx.profile
+    if packets is None:
+        packets = p.hb_packets
     if per_packet is None:
         per_packet = p.hb_shares if coalesce else p.nocoalesce_shares
     overrides: dict[str, Any] = {} if coalesce else {"coalesce_max_batch": 1}
@@ -496,10 +509,10 @@ async def _hongbao_run(
     service = await Hongbao.connect(settings, migrate=True)
     admin = ctx.admin()
     try:
-        ctx.say(f"opening {p.hb_packets} packets of {per_packet:,} shares")
-        shares = await send_packets(service, p.hb_packets, per_packet, random.Random(7))
+        ctx.say(f"opening {packets} packets of {per_packet:,} shares")
+        shares = await send_packets(service, packets, per_packet, random.Random(7))
         packet_ids = list(shares)
-        n = p.hb_packets * per_packet
+        n = packets * per_packet
         users = [f"u{k}" for k in range(1, n + 1)]
         user_ids = {u: k for k, u in enumerate(users, start=1)}
         clock = time.perf_counter
@@ -515,6 +528,7 @@ async def _hongbao_run(
         figures: dict[str, Any] = {**cpu, "tasks": p.hb_tasks}
         if (per_call := grabs_per_call(service)) is not None:
             figures["grabs_per_call"] = per_call
+            figures["packets_per_call"] = packets_per_call(service)
         result = account(
             name=name,
             backend="redis",
@@ -523,7 +537,7 @@ async def _hongbao_run(
             seconds=seconds,
             claims=claims,
             leftover=leftover,
-            extra={**figures, "packets": p.hb_packets, "refusals": dict(storm.refusals)},
+            extra={**figures, "packets": packets, "refusals": dict(storm.refusals)},
             errors=len(storm.failures),
             first_error=storm.failures[0] if storm.failures else None,
         )
@@ -541,6 +555,11 @@ async def hongbao(ctx: BenchContext) -> list[Outcome]:
 
 async def hongbao_nocoalesce(ctx: BenchContext) -> list[Outcome]:
     return [await _hongbao_run(ctx, "hongbao-nocoalesce", coalesce=False)]
+
+
+async def hongbao_spread(ctx: BenchContext) -> list[Outcome]:
+    packets, shares = ctx.profile.spread_packets, ctx.profile.spread_shares
+    return [await _hongbao_run(ctx, "hongbao-spread", True, packets=packets, per_packet=shares)]
 
 
 async def ack_modes(ctx: BenchContext) -> list[Outcome]:
@@ -655,6 +674,7 @@ RUNNERS: dict[str, Callable[[BenchContext], Awaitable[list[Outcome]]]] = {
     "redis-benchmark": redis_benchmark,
     "hongbao": hongbao,
     "hongbao-nocoalesce": hongbao_nocoalesce,
+    "hongbao-spread": hongbao_spread,
     "ack-modes": ack_modes,
     "hongbao-http": hongbao_http,
     "designs": designs,
