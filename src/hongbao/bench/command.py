@@ -23,8 +23,8 @@ Scenarios = Annotated[
     typer.Option(
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
-        "hongbao-nocoalesce, ack-modes, hongbao-http, designs, memory, hongbao-cluster "
-        "(default: all; hongbao-cluster needs a redis+cluster:// URL).",
+        "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-http, designs, memory, "
+        "hongbao-cluster (default: all; hongbao-cluster needs a redis+cluster:// URL).",
         show_default=False,
     ),
 ]
