@@ -163,6 +163,8 @@ def profile_for(size: str | None, quick: bool) -> Profile:
         seed_shares=max(100, int(base.seed_shares * scale)),
         rb_requests=max(1_000, int(base.rb_requests * scale)),
         nocoalesce_shares=max(10, int(base.nocoalesce_shares * scale)),
+        spread_packets=max(20, min(base.spread_packets, int(base.spread_packets * scale))),
+        spread_shares=max(1, min(base.spread_shares, int(base.spread_shares * scale))),
     )
 
 
