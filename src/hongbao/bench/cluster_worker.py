@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hongbao.bench.harness import engine_storm, grabs_per_call
+from hongbao.bench.harness import call_shape, engine_storm
 from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
@@ -71,7 +71,7 @@ async def run(job: Job) -> dict[str, Any]:
             "refusals": dict(storm.refusals),
             "failures": len(storm.failures),
             "first_error": storm.failures[0] if storm.failures else None,
-            "grabs_per_call": grabs_per_call(service),
+            "grabs_per_call": call_shape(service).get("grabs_per_call"),
         }
     finally:
         await service.aclose()

@@ -190,20 +190,16 @@ async def engine_storm(
     return storm
 
 
-def grabs_per_call(service: Hongbao) -> float | None:
-    """How many grabs rode in each coalesced script call (None without coalescing)."""
+def call_shape(service: Hongbao) -> dict[str, float]:
+    """The grabs that rode in each coalesced script call and the packets each touched,
+    on average ({} without coalescing)."""
     coalescer = service.coalescer
     if coalescer is None or not coalescer.calls:
-        return None
-    return round(coalescer.grabs / coalescer.calls, 1)
-
-
-def packets_per_call(service: Hongbao) -> float | None:
-    """How many packets each coalesced script call touched (None without coalescing)."""
-    coalescer = service.coalescer
-    if coalescer is None or not coalescer.calls:
-        return None
-    return round(coalescer.packets / coalescer.calls, 1)
+        return {}
+    return {
+        "grabs_per_call": round(coalescer.grabs / coalescer.calls, 1),
+        "packets_per_call": round(coalescer.packets / coalescer.calls, 1),
+    }
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:

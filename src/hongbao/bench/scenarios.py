@@ -53,9 +53,8 @@ from hongbao.bench.cluster import (
 from hongbao.bench.harness import (
     Design,
     account,
+    call_shape,
     engine_storm,
-    grabs_per_call,
-    packets_per_call,
     percentile_ms,
     run_scenario,
     run_seed_baseline,
@@ -527,10 +526,7 @@ async def _hongbao_run(
         cpu = meter.stop(seconds, ops=n)
         claims, leftover, problems = await audit_packets(service, shares, user_ids)
         await forget_packets(service, shares)
-        figures: dict[str, Any] = {**cpu, "tasks": p.hb_tasks}
-        if (per_call := grabs_per_call(service)) is not None:
-            figures["grabs_per_call"] = per_call
-            figures["packets_per_call"] = packets_per_call(service)
+        figures: dict[str, Any] = {**cpu, "tasks": p.hb_tasks, **call_shape(service)}
         result = account(
             name=name,
             backend="redis",
