@@ -128,7 +128,9 @@ class Profile:
 #: The quick profile's engine storm (8 x 40,000 grabs) lasts over a second. At 10,000
 #: a packet it lasted ~0.4 s, and a stall as short as the AOF rewrite that the earlier
 #: scenarios' writes set off (seen inside it) was a fifth of it: Redis CPU read 79-82%
-#: in 4 runs after seed-baseline and redis-benchmark, 88-93% in 3 alone. Now 89-93%.
+#: in 4 runs after seed-baseline and redis-benchmark, 88-93% in 3 alone. Now 89-97%,
+#: though a slow minute for the Python process still reads lower (76% once; see
+#: docs/performance.md).
 PROFILES: dict[str, Profile] = {
     "tiny": Profile(
         "tiny", 2_000, 20, 5_000, 4, 1_000, 500, 500, 1.0, 64, 20, 40, 10, 1_000, 40, 10
