@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
 
 from hongbao.auth import (
     DEFAULT_TTL,
@@ -35,6 +31,7 @@ from hongbao.auth import (
     valid_user_id,
 )
 from hongbao.bench.command import bench
+from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
 from hongbao.settings import Settings
 
@@ -52,7 +49,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, highlight=False)
 
 DataDir = Annotated[
     Path,
@@ -85,44 +81,6 @@ DatabaseUrl = Annotated[
 
 class _Stop(BaseException):
     """Raised by our SIGTERM/SIGINT handler outside uvicorn's own signal handling."""
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-@contextlib.contextmanager
-def friendly_errors() -> Iterator[None]:
-    """Our errors as one line and an exit code, not a traceback."""
-    try:
-        yield
-    except (ConfigurationError, InvalidRequest) as exc:
-        fail(str(exc), 2)
-    except HongbaoError as exc:
-        fail(str(exc), 1)
-    except OSError as exc:
-        fail(str(exc), 1)
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop when it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
-        force=True,
-    )
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def _settings(

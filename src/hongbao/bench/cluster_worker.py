@@ -79,7 +79,7 @@ async def run(job: Job) -> dict[str, Any]:
 
 def main() -> None:
     job_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
-    from hongbao.cli import run_async
+    from hongbao.console import run_async
 
     result = run_async(run(Job.load(job_file)))
     result_file.write_text(json.dumps(result), encoding="utf-8")

@@ -108,7 +108,7 @@ def bench(
         peak_rss_mb,
         profile_for,
     )
-    from hongbao.cli import fail, run_async
+    from hongbao.console import fail, run_async
 
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, highlight=False)
