@@ -28,7 +28,7 @@ import orjson
 
 from hongbao.domain.ids import USER_ID_PATTERN as USER_ID_PATTERN
 from hongbao.domain.ids import valid_user_id as valid_user_id
-from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
+from hongbao.errors import AuthError, ConfigurationError, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +41,6 @@ SECRET_FILE = "secret"
 _PREFIX = TOKEN_VERSION + "."
 #: the whole token; group 1 is the payload part, group 2 the signature part
 _TOKEN = re.compile(re.escape(_PREFIX) + r"([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)")
-
-
-class AuthError(HongbaoError):
-    """A request without a valid bearer token; `reason` says what was wrong."""
-
-    code = "unauthorized"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class Principal(NamedTuple):

@@ -13,19 +13,19 @@ a grab in it). Each caller gets its own answer; a failed call fails only its gra
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import cast
 
 from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
 from hongbao.storage.redis import Answer, RedisStore
 
-#: after a call, while grabs wait but fewer than FILL_TO, the next call waits up to this
-#: many turns of the event loop for more. With one turn, HTTP workers' calls carried
-#: 7-22 grabs; with 3 turns up to 32, 14-28, and each grab request cost Redis ~3 µs and
-#: the worker ~4 µs less (hongbao bench --scenarios hongbao-http, 4 runs each). Nothing
-#: waits when the lane is empty, so light load still adds no wait.
+#: after a call, while grabs wait but fewer than FILL_TO, the next call waits up to
+#: FILL_TURNS turns of the event loop for the requests being read meanwhile to join: each
+#: call costs both the worker and Redis far more than a grab in it, so fuller calls are
+#: cheaper (see docs/performance.md). Nothing waits when the lane is empty, so light load
+#: adds no wait.
 FILL_TURNS = 3
 FILL_TO = 32
 
@@ -48,6 +48,8 @@ class GrabCoalescer:
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
         self.parallel_at = parallel_at
+        if max_batch == 1:  # coalescing off: every grab is a script call of its own, at once
+            self.max_in_flight, self.parallel_at = sys.maxsize, 0
         #: a cluster script call stays in one slot, so grabs queue per bucket there; one
         #: server takes any mix of packets in one call, so there is a single lane
         self.per_bucket = store.cluster
@@ -59,11 +61,8 @@ class GrabCoalescer:
         self.packets = 0
         self.calls = 0
 
-    async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
-        return await self.submit(keys, user_id)
-
     def submit(self, keys: PacketKeys, user_id: str) -> asyncio.Future[Answer]:
-        """Queue one grab; the future gets its answer (`grab` without a coroutine frame)."""
+        """Queue one grab; the future gets its answer, or the StorageError of its call."""
         lane_key = keys.bucket if self.per_bucket else 0
         lane = self._lanes.get(lane_key)
         if lane is None:
@@ -109,10 +108,10 @@ class GrabCoalescer:
                 for fut, answer in zip(futures, answers, strict=True):
                     if fut.done():
                         continue
-                    if type(answer) is tuple:  # per grab: a third of what isinstance() costs
-                        fut.set_result(answer)
+                    if isinstance(answer, StorageError):
+                        fut.set_exception(answer)
                     else:
-                        fut.set_exception(cast(StorageError, answer))
+                        fut.set_result(answer)
                 for _ in range(FILL_TURNS):
                     if not waiting or len(waiting) >= FILL_TO:
                         break

@@ -18,17 +18,12 @@ Entries are named ``b<bucket>/<entry id>``, as the listing prints them.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TextIO
 
-from hongbao.audit import run_offline
 from hongbao.errors import InvalidRequest
 from hongbao.keys import bucket_of_key
-from hongbao.settings import Settings
-from hongbao.storage import RedisStore, store_from_url
+from hongbao.storage import RedisStore
 
 #: most entries listed or retried in one run
 LIMIT = 10_000
@@ -115,43 +110,3 @@ async def _targets(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[
     if unknown:
         raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing moved")
     return targets
-
-
-def main(
-    data_dir: Path,
-    redis_url: str | None,
-    *,
-    retry_refs: Sequence[str] | None = None,
-    retry_all: bool = False,
-    resolve_refs: Sequence[str] | None = None,
-    note: str = "",
-    out: TextIO = sys.stdout,
-) -> int:
-    """Body of `hongbao dead-letters`: 0 when nothing is left parked, 1 otherwise."""
-
-    async def run(settings: Settings) -> int:
-        store = store_from_url(settings.redis_url, settings.buckets)
-        try:
-            if resolve_refs:
-                _report(await resolve(store, resolve_refs, note), "resolved", out)
-            elif retry_all or retry_refs:
-                moved = await retry(store, None if retry_all else retry_refs)
-                _report(moved, "back on the event stream", out)
-            left = await parked(store)
-        finally:
-            await store.aclose()
-        for entry in left:
-            fields = " ".join(f"{k}={v}" for k, v in entry.fields.items())
-            print(f"{entry.ref} (event {entry.event_id}): {entry.reason}\n    {fields}", file=out)
-        print(f"dead-letter entries: {len(left)}", file=out)
-        return 1 if left else 0
-
-    return run_offline(data_dir, redis_url, None, run)
-
-
-def _report(moved: list[tuple[str, str | None]], where: str, out: TextIO) -> None:
-    for ref, new_id in moved:
-        if new_id is None:
-            print(f"{ref}: gone from the dead-letter stream meanwhile", file=out)
-        else:
-            print(f"{ref}: {where} as {new_id}", file=out)

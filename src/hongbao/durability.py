@@ -45,16 +45,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
-
 from hongbao.domain.moments import from_ms
 from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import PREFIX, PacketKeys, bucket_tag
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent
 from hongbao.settings import Settings
-from hongbao.storage.redis import ClaimValue, RedisStore
-from hongbao.storage.redis_cluster import RedisClusterStore
+from hongbao.storage.codec import ClaimValue
+from hongbao.storage.redis import RedisStore
 
 log = logging.getLogger("hongbao.durability")
 
@@ -111,20 +109,18 @@ class RedisWaitDurability(Durability):
             if self.mode == "aof":
                 await self._probe_and_wait(0, 100)
             elif not self.store.cluster:  # a cluster's slot owners are primaries by definition
-                info = await self.store.client.info("replication")
-                if info.get("role") != "master":
+                role, replicas = await self.store.replication()
+                if role != "master":
                     raise ConfigurationError("--ack replica needs the Redis primary")
-                if int(info.get("connected_slaves", 0)) < 1:
+                if replicas < 1:
                     log.warning("--ack replica: no replica connected yet; grabs will fail")
-        except (ResponseError, StorageError) as exc:
+        except StorageError as exc:
             text = str(exc)
             if "unknown command" in text.lower():
                 raise ConfigurationError(
                     "--ack aof needs WAITAOF (Redis >= 7.2 or Valkey); this server lacks it"
                 ) from None
             raise ConfigurationError(f"--ack {self.mode}: {text}") from None
-        except (RedisError, OSError) as exc:
-            raise StorageError(f"redis: {exc}") from exc
 
     async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
         # one server: one waiter covers every bucket's writes; on a cluster each
@@ -167,24 +163,11 @@ class RedisWaitDurability(Durability):
             raise StorageError("redis: no replica confirmed the grab in time")
 
     async def _probe_and_wait(self, bucket: int, timeout_ms: int) -> Any:
-        """Write the bucket's probe key, then WAIT/WAITAOF on that same connection.
-
-        WAIT and WAITAOF count from the calling connection's last write; the probe
-        makes that offset cover every write the server made before it.
-        """
+        """Write the bucket's probe key, then WAIT/WAITAOF on that same connection."""
         wait: tuple[Any, ...] = (
             ("WAITAOF", 1, 0, timeout_ms) if self.mode == "aof" else ("WAIT", 1, timeout_ms)
         )
-        if isinstance(self.store, RedisClusterStore):
-            return await self.store.write_then_wait(probe_key(bucket), *wait)
-        pipe = self.store.client.pipeline(transaction=False)
-        pipe.incr(probe_key(bucket))
-        pipe.execute_command(*wait)
-        try:
-            reply: list[Any] = await pipe.execute()
-        except (TimeoutError, RedisError, OSError) as exc:
-            raise StorageError(f"redis: {exc}") from exc
-        return reply[1]
+        return await self.store.write_then_wait(probe_key(bucket), *wait)
 
 
 class LedgerDurability(Durability):
@@ -205,7 +188,7 @@ class LedgerDurability(Durability):
     async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
 
         event = ClaimEvent(
-            keys.packet_id, claim.seq - 1, user_id, claim.amount, from_ms(claim.claimed_at_ms)
+            keys.packet_id, claim.share_index, user_id, claim.amount, from_ms(claim.claimed_at_ms)
         )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((event, done))

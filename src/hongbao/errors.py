@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class HongbaoError(Exception):
     """Base class. `code` is the machine-readable name used at the edges."""
@@ -21,6 +23,37 @@ class InvalidRequest(HongbaoError, ValueError):
 
 class SplitError(InvalidRequest):
     """A split that cannot satisfy its bounds (too little money, too many shares...)."""
+
+
+class AuthError(HongbaoError):
+    """A request without a valid credential; `reason` says what was wrong."""
+
+    code = "unauthorized"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Forbidden(HongbaoError):
+    """A caller who is who they say, but may not do this."""
+
+    code = "forbidden"
+
+
+class RateLimited(HongbaoError):
+    """Too many requests from one user or client address; retry after `retry_after` s."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @property
+    def retry_after_header(self) -> str:
+        """Whole seconds, at least 1 (Retry-After takes no fractions)."""
+        return str(max(1, math.ceil(self.retry_after)))
 
 
 class NotFound(HongbaoError):

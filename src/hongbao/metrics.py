@@ -13,8 +13,6 @@ import asyncio
 import logging
 import os
 import secrets
-import shutil
-import tempfile
 from bisect import bisect_left
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +27,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from redis.exceptions import RedisError
 
 from hongbao.errors import StorageError
-from hongbao.keys import dead_letter_key
-from hongbao.storage.embedded import process_alive
 from hongbao.storage.redis import RedisStore
 
 __all__ = [
@@ -42,7 +37,6 @@ __all__ = [
     "PUBLISH_SECONDS",
     "GrabTally",
     "Metrics",
-    "workers_folder",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,31 +61,6 @@ GRAB_OUTCOMES = (
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-def workers_folder(data_dir: Path) -> Path:
-    """The folder one `serve --workers N` run's workers share: <data dir>/metrics/<pid>.
-
-    A run removes its folder when it stops; one that crashed (SIGKILL, power loss)
-    cannot, so each start first removes the folders of runs whose process is gone.
-    Runs sharing a data dir keep their own. Without a data dir (Redis, the database
-    and the secret all configured) or with one that cannot hold the folder (read-only),
-    the folder is a temporary one."""
-    if not data_dir.is_dir():
-        return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
-    root = data_dir / "metrics"
-    try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for folder in root.iterdir():
-            if folder.name.isdigit() and not process_alive(int(folder.name)):
-                shutil.rmtree(folder, ignore_errors=True)
-        mine = root / str(os.getpid())
-        shutil.rmtree(mine, ignore_errors=True)  # a crashed run that had this pid
-        mine.mkdir(mode=0o700)
-    except OSError as exc:
-        log.warning("no metrics folder under %s (%s); using a temporary one", data_dir, exc)
-        return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
-    return mine
 
 
 class GrabTally(Collector):
@@ -207,11 +176,8 @@ class Metrics:
     async def refresh(self, store: RedisStore) -> bool:
         """Read the gauges from Redis; False (gauges unchanged) if Redis does not answer."""
         try:
-            backlog = await store.backlog()
-            parked = 0
-            for bucket in range(store.buckets):
-                parked += int(await store.client.xlen(dead_letter_key(bucket)))
-        except (StorageError, RedisError, OSError):
+            backlog, parked = await store.stream_lengths()
+        except StorageError:
             return False
         self.backlog.set(backlog)
         self.dead_letters.set(parked)

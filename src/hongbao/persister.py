@@ -23,7 +23,8 @@ from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
 from hongbao.settings import Settings
-from hongbao.storage.redis import Event, RedisStore, grants_in
+from hongbao.storage.codec import Refund, decode_entry
+from hongbao.storage.redis import Event, RedisStore
 
 log = logging.getLogger("hongbao.persister")
 
@@ -33,32 +34,24 @@ def default_consumer_name() -> str:
 
 
 def parse_event(event: Event) -> list[LedgerEvent]:
-    """The ledger events of a stream entry (a grant entry holds several); ValueError says
+    """The ledger events of a stream entry (a grants entry holds several); ValueError says
     why it is malformed."""
-    f = event.fields
-    try:
-        grants = grants_in(f)
-        if grants:
-            events: list[LedgerEvent] = []
-            for user, claim in grants:
-                if claim.seq < 1 or claim.amount <= 0:
-                    raise ValueError(f"claim {claim.encode()!r} of {user!r} has no valid share")
-                events.append(
-                    ClaimEvent(
-                        f["p"], claim.seq - 1, user, claim.amount, from_ms(claim.claimed_at_ms)
-                    )
-                )
-            return events
-        if f["k"] == "r":
-            amount, left = int(f["a"]), int(f["n"])
-            if amount < 0 or left < 0:
-                raise ValueError("negative refund")
-            return [RefundEvent(f["p"], f["s"], amount, left, from_ms(int(f["t"])))]
-    except KeyError as missing:
-        raise ValueError(f"malformed event: field {missing} missing") from None
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"malformed event: {exc}") from None
-    raise ValueError(f"malformed event: unknown kind {f.get('k')!r}")
+    entry = decode_entry(event.fields)
+    if isinstance(entry, Refund):
+        refund = RefundEvent(
+            entry.packet_id,
+            entry.sender_id,
+            entry.amount,
+            entry.shares_left,
+            from_ms(entry.closed_at_ms),
+        )
+        return [refund]
+    return [
+        ClaimEvent(
+            entry.packet_id, claim.share_index, user, claim.amount, from_ms(claim.claimed_at_ms)
+        )
+        for user, claim in entry.claims
+    ]
 
 
 @dataclass

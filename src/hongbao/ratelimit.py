@@ -12,30 +12,14 @@ the request through: the request then fails or succeeds on its own merits.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
-from redis.commands.core import AsyncScript
-
-from hongbao.errors import HongbaoError, StorageError
+from hongbao.errors import RateLimited, StorageError
 from hongbao.keys import rate_limit_key
 from hongbao.settings import Settings
-from hongbao.storage.redis import RedisStore, read_lua
+from hongbao.storage.redis import RedisStore
 
 log = logging.getLogger("hongbao.ratelimit")
-
-
-class RateLimited(HongbaoError):
-    code = "rate_limited"
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-    @property
-    def retry_after_header(self) -> str:
-        """Whole seconds, at least 1 (Retry-After takes no fractions)."""
-        return str(max(1, math.ceil(self.retry_after)))
 
 
 @dataclass(frozen=True)
@@ -53,7 +37,6 @@ class RateLimiter:
             for scope, rate in (("user", settings.rate_limit_user), ("ip", settings.rate_limit_ip))
             if rate > 0
         ]
-        self._script: AsyncScript = store.client.register_script(read_lua("rate_limit"))
 
     @property
     def enabled(self) -> bool:
@@ -67,14 +50,12 @@ class RateLimiter:
                 continue
             key = rate_limit_key(f"{action}:{limit.scope}", subject)
             try:
-                allowed, wait_ms = await self.store._run(
-                    self._script, [key], [repr(limit.rate), limit.burst, 1]
-                )
+                allowed, wait_ms = await self.store.take_tokens(key, limit.rate, limit.burst, 1)
             except StorageError as exc:
                 log.warning("rate limiter unavailable, not limiting: %s", exc)
                 return
-            if not int(allowed):
+            if not allowed:
                 raise RateLimited(
                     f"too many {action} requests for this {limit.scope}; retry later",
-                    int(wait_ms) / 1000,
+                    wait_ms / 1000,
                 )

@@ -1,9 +1,6 @@
 """Wiring: the service, and the persister + sweeper, built from settings.
 
 `running_service` is what the HTTP app's lifespan and `hongbao worker` use.
-`embedded_settings` starts the private Redis-compatible server of the
-one-command default and points the settings at it and at an SQLite ledger in
-the same data folder.
 """
 
 from __future__ import annotations
@@ -14,18 +11,14 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
-from hongbao.storage.embedded import EmbeddedServer
 from hongbao.sweeper import Sweeper
 
 log = logging.getLogger("hongbao.runtime")
 
-LEDGER_FILE = "ledger.sqlite3"
 #: how long shutdown waits for the persister to finish the batch in hand
 STOP_TIMEOUT = 15.0
 
@@ -99,30 +92,3 @@ def settle_heap() -> None:
 def _report_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("%s crashed", task.get_name(), exc_info=task.exception())
-
-
-def ledger_url(data_dir: Path) -> str:
-    """The SQLite ledger of a data folder."""
-    return f"sqlite+aiosqlite:///{Path(data_dir).resolve() / LEDGER_FILE}"
-
-
-def embedded_settings(
-    data_dir: Path, *, database_url: str | None = None, **overrides: Any
-) -> tuple[Settings, EmbeddedServer]:
-    """Start the embedded server under `data_dir`; settings pointing at it.
-
-    The ledger is `database_url` if given, else SQLite in `data_dir`. The caller
-    owns the returned server and must `stop()` it.
-    """
-    data_dir = Path(data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    server = EmbeddedServer(data_dir)
-    url = server.start()
-    try:
-        settings = Settings.from_env(
-            redis_url=url, database_url=database_url or ledger_url(data_dir), **overrides
-        )
-    except BaseException:
-        server.stop()
-        raise
-    return settings, server

@@ -15,7 +15,6 @@ import random
 import secrets
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -30,6 +29,7 @@ from hongbao.domain.models import (
     PacketStatus,
     SplitMode,
     Wallet,
+    seq_of,
 )
 from hongbao.domain.moments import from_ms, ms
 from hongbao.domain.money import require_amount
@@ -45,9 +45,11 @@ from hongbao.errors import (
 from hongbao.keys import PacketKeys
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import PacketRecord
+from hongbao.ratelimit import RateLimiter
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
-from hongbao.storage.redis import Answer, ClaimValue, LiveStatus
+from hongbao.storage.codec import ClaimValue
+from hongbao.storage.redis import LiveStatus
 
 #: GrabResult from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
 _new_result = tuple.__new__
@@ -58,8 +60,8 @@ _GRANTED = GrabStatus.GRANTED
 
 MAX_GREETING = 200
 _RECORD_CACHE = 10_000
-#: packet ids whose keys a grab finds without checking the id again (cleared when full)
-_GRAB_KEYS_CACHE = 16_384
+#: valid packet ids seen lately and their Redis keys (the cache is cleared when full)
+_KEYS_CACHE = 16_384
 
 
 class Hongbao:
@@ -80,17 +82,13 @@ class Hongbao:
         self.rng = rng
         self._records: OrderedDict[str, PacketRecord] = OrderedDict()
         self._loading: dict[str, asyncio.Task[bool]] = {}
-        #: valid packet ids grabbed lately and their Redis keys: one dict lookup a grab
-        self._grab_keys: dict[str, PacketKeys] = {}
-        self.coalescer = (
-            GrabCoalescer(store, settings.coalesce_max_batch, settings.coalesce_max_in_flight)
-            if settings.coalesce_max_batch > 1
-            else None
+        self._keys: dict[str, PacketKeys] = {}
+        #: every grab reaches Redis through the coalescer (one script call for many grabs)
+        self.coalescer = GrabCoalescer(
+            store, settings.coalesce_max_batch, settings.coalesce_max_in_flight
         )
-        #: one grab in Redis: coalesced, or one script call each
-        self._grab: Callable[[PacketKeys, str], Awaitable[Answer]] = (
-            self.coalescer.submit if self.coalescer is not None else store.grab
-        )
+        #: per-user and per-IP limits on grabs and sends, shared by every API process
+        self.limiter = RateLimiter(store, settings)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
 
@@ -194,13 +192,12 @@ class Hongbao:
     async def grab(self, packet_id: str, user_id: str) -> GrabResult:
         """Take one share for this user; the same user again gets the same share back."""
         require_user_id(user_id)
-        keys = self._grab_keys.get(packet_id) if packet_id.__class__ is str else None
-        if keys is None:
-            keys = self._keys_to_grab(packet_id)
-        status, seq, amount, at = await self._grab(keys, user_id)
+        keys = self.keys_of(packet_id)
+        submit = self.coalescer.submit
+        status, seq, amount, at = await submit(keys, user_id)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             if await self.ensure_loaded(packet_id):
-                status, seq, amount, at = await self._grab(keys, user_id)
+                status, seq, amount, at = await submit(keys, user_id)
             if status is _UNKNOWN:
                 return await self._grab_from_ledger(packet_id, user_id)
         if not seq:  # the user holds no share
@@ -210,24 +207,29 @@ class Hongbao:
         first = status is _GRANTED
         return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
 
-    def _keys_to_grab(self, packet_id: str) -> PacketKeys:
-        """A packet id not grabbed lately: check it, and keep its keys for the next grabs."""
-        if not valid_packet_id(packet_id):
-            raise PacketNotFound(f"no packet {packet_id!r}")
-        if len(self._grab_keys) >= _GRAB_KEYS_CACHE:
-            self._grab_keys.clear()
-        keys = self._grab_keys[packet_id] = self.store.keys(packet_id)
+    def keys_of(self, packet_id: str) -> PacketKeys:
+        """The Redis keys of a well-formed packet id; PacketNotFound for any other text.
+
+        Hot packets are grabbed thousands of times a second: their ids are checked and
+        their key names built once, then found with one dict lookup."""
+        keys = self._keys.get(packet_id) if isinstance(packet_id, str) else None
+        if keys is None:
+            if not valid_packet_id(packet_id):
+                raise PacketNotFound(f"no packet {_shown(packet_id)}")
+            if len(self._keys) >= _KEYS_CACHE:
+                self._keys.clear()
+            keys = self._keys[packet_id] = self.store.keys(packet_id)
         return keys
 
     async def _grab_from_ledger(self, packet_id: str, user_id: str) -> GrabResult:
         """A packet Redis no longer holds (closed long ago): answer from SQL."""
         record = await self.ledger.get_packet(packet_id)
         if record is None:
-            raise PacketNotFound(f"no packet {packet_id!r}")
+            raise PacketNotFound(f"no packet {packet_id}")
         for row in await self.ledger.claims_of(packet_id):
             if row.user_id == user_id:
                 return GrabResult(
-                    packet_id, user_id, row.amount, row.share_idx + 1, False, ms(row.claimed_at)
+                    packet_id, user_id, row.amount, seq_of(row.share_idx), False, ms(row.claimed_at)
                 )
         if record.claimed_count >= record.count:
             raise PacketExhausted(f"packet {packet_id} has no shares left")
@@ -235,11 +237,15 @@ class Hongbao:
 
     # -- reading ------------------------------------------------------------------
 
+    async def live_status(self, packet_id: str) -> LiveStatus | None:
+        """The packet's live state in Redis (None when Redis does not hold it)."""
+        return await self.store.status(self.keys_of(packet_id))
+
     async def packet(self, packet_id: str) -> Packet:
         record = await self._record(packet_id)
-        live = await self.store.status(self.store.keys(packet_id))
+        live = await self.live_status(packet_id)
         if live is None and await self.ensure_loaded(packet_id):
-            live = await self.store.status(self.store.keys(packet_id))
+            live = await self.live_status(packet_id)
         if live is not None:
             status = _live_status(live)
             left_count, left_amount = live.shares_left, live.amount_left
@@ -265,7 +271,7 @@ class Hongbao:
     async def claims(self, packet_id: str) -> ClaimsList:
         """Who got what, in grab order; best luck once every share is taken."""
         record = await self._record(packet_id)
-        keys = self.store.keys(packet_id)
+        keys = self.keys_of(packet_id)
         live = await self.store.status(keys)
         if live is not None:
             found = [
@@ -275,7 +281,7 @@ class Hongbao:
             exhausted = live.shares_left == 0 and live.amount_left == 0
         else:
             found = [
-                Claim(r.user_id, r.amount, r.share_idx + 1, r.claimed_at)
+                Claim(r.user_id, r.amount, seq_of(r.share_idx), r.claimed_at)
                 for r in await self.ledger.claims_of(packet_id)
             ]
             exhausted = len(found) == record.count
@@ -309,7 +315,8 @@ class Hongbao:
         taken = {c.share_idx for c in claimed}
         unclaimed = [(i, a) for i, a in await self.ledger.shares_of(packet_id) if i not in taken]
         earlier = [
-            (c.user_id, ClaimValue(c.share_idx + 1, c.amount, ms(c.claimed_at))) for c in claimed
+            (c.user_id, ClaimValue.of_share(c.share_idx, c.amount, ms(c.claimed_at)))
+            for c in claimed
         ]
         await self._load(record, unclaimed, earlier)
         return True
@@ -319,7 +326,7 @@ class Hongbao:
         rebuilt, after = 0, ""
         while batch := await self.ledger.open_packets(after_id=after):
             for record in batch:
-                if await self.store.status(self.store.keys(record.id)) is None:
+                if await self.live_status(record.id) is None:
                     rebuilt += await self.ensure_loaded(record.id)
             after = batch[-1].id
         return rebuilt
@@ -332,7 +339,7 @@ class Hongbao:
     ) -> bool:
         keep_until = ms(record.expires_at) + self.settings.retention_seconds * 1000
         return await self.store.load_packet(
-            self.store.keys(record.id),
+            self.keys_of(record.id),
             expires_at_ms=ms(record.expires_at),
             keep_until_ms=keep_until,
             shares=shares,
@@ -341,13 +348,12 @@ class Hongbao:
 
     async def _record(self, packet_id: str) -> PacketRecord:
         """The immutable part of a packet (cached); PacketNotFound if there is none."""
-        if not valid_packet_id(packet_id):
-            raise PacketNotFound(f"no packet {packet_id!r}")
         record = self._records.get(packet_id)
         if record is None:
+            self.keys_of(packet_id)  # PacketNotFound unless the id is well-formed
             record = await self.ledger.get_packet(packet_id)
             if record is None:
-                raise PacketNotFound(f"no packet {packet_id!r}")
+                raise PacketNotFound(f"no packet {packet_id}")
             record = replace(record, request_hash=None)
             self._records[packet_id] = record
             if len(self._records) > _RECORD_CACHE:
@@ -361,7 +367,13 @@ def _refusal(packet_id: str, status: GrabStatus) -> HongbaoError:
         return PacketExhausted(f"packet {packet_id} has no shares left")
     if status is GrabStatus.EXPIRED:
         return PacketExpired(f"packet {packet_id} has expired")
-    return PacketNotFound(f"no packet {packet_id!r}")
+    return PacketNotFound(f"no packet {packet_id}")
+
+
+def _shown(value: object) -> str:
+    """A value from a request, quoted and cut short for a message."""
+    text = value if isinstance(value, str) else repr(value)
+    return repr(text if len(text) <= 40 else text[:40] + "…")
 
 
 def _live_status(live: LiveStatus) -> PacketStatus:

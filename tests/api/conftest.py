@@ -22,8 +22,8 @@ import jsonschema_rs
 import pytest
 from starlette.applications import Starlette
 
-from hongbao.api import create_app
 from hongbao.api.openapi import build_openapi
+from hongbao.app import create_app
 from hongbao.auth import issue_token
 from hongbao.ledger import SqlLedger
 from hongbao.settings import Settings

@@ -18,7 +18,7 @@ from typing import Self
 import httpx
 
 from hongbao.ledger import SqlLedger
-from hongbao.runtime import ledger_url
+from hongbao.serving.embedded import ledger_url
 
 SCRIPT = Path(sys.executable).parent / "hongbao"
 

@@ -378,7 +378,7 @@ def test_api_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
 WITHOUT_REUSE_PORT = [
     sys.executable,
     "-c",
-    "import hongbao.api.workers as w; w.reuse_port_available = lambda: False; "
+    "import hongbao.serving.workers as w; w.reuse_port_available = lambda: False; "
     "from hongbao.cli import main; main()",
 ]
 

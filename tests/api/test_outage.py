@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hongbao.api import create_app
+from hongbao.app import create_app
+from hongbao.serving.embedded import EmbeddedServer
 from hongbao.settings import Settings
-from hongbao.storage.embedded import EmbeddedServer
 from tests.api.conftest import ADMIN, SECRET, bearer
 
 pytestmark = [pytest.mark.integration]

@@ -10,7 +10,8 @@ from hongbao.domain.models import GrabStatus
 from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys, dead_letter_key, events_key
 from hongbao.storage import RedisStore, store_from_url
-from hongbao.storage.redis import ClaimValue, Event
+from hongbao.storage.codec import ClaimValue
+from hongbao.storage.redis import Event
 from hongbao.storage.redis_cluster import RedisClusterStore
 from tests.cluster.conftest import BUCKETS
 from tests.servers import RedisCluster, RedisSentinel
@@ -174,9 +175,13 @@ async def test_noscript_on_a_node_that_never_saw_the_script(
     assert store.noscript_fallbacks == 1
     claim = await store.claims(on_victim[0])
     assert claim["u"] == ClaimValue(2, 50, claim["u"].claimed_at_ms)
-    # the batch script too, on the victim
+    # a batch of grabs runs the same script, cached there now
     answers = await store.grab_batch([(on_victim[0], ["v"])])
     assert answers == [(GrabStatus.EXHAUSTED, 0, 0, 0)]
+    assert store.noscript_fallbacks == 1
+    # another script, on the victim
+    status = await store.status(on_victim[0])
+    assert status is not None and status.shares_left == 0
     assert store.noscript_fallbacks == 2
     sha = store.lua_grab.sha
     assert victim.execute("SCRIPT", "EXISTS", sha) == [1]

@@ -87,19 +87,19 @@ async def test_bad_requests_change_nothing(service: Hongbao) -> None:
 async def test_grab_key_cache_stays_bounded_and_checks_every_new_id(
     service: Hongbao, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service_module, "_GRAB_KEYS_CACHE", 2)
+    monkeypatch.setattr(service_module, "_KEYS_CACHE", 2)
     await service.deposit("s", 300)
     packets = [await service.send("s", 100, 2) for _ in range(3)]
     for round_ in range(2):  # the second round finds some keys cached, some not
         for packet in packets:
             got = await service.grab(packet.id, f"u{round_}")
             assert (got.packet_id, got.first) == (packet.id, True)
-            assert len(service._grab_keys) <= 2
+            assert len(service._keys) <= 2
     for bad in ("../etc", "0" * 25, "Z" * 26, 7, ["x"]):
         for _ in range(2):  # a refused id is not remembered as valid
             with pytest.raises(PacketNotFound):
                 await service.grab(bad, "u9")  # type: ignore[arg-type]
-    assert set(service._grab_keys) <= {p.id for p in packets}
+    assert set(service._keys) <= {p.id for p in packets}
 
 
 async def test_send_idempotency_key(service: Hongbao) -> None:

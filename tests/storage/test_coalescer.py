@@ -36,7 +36,7 @@ async def test_storm_is_batched_and_every_caller_gets_its_answer(store: RedisSto
     coalescer = GrabCoalescer(store, max_batch=32, max_in_flight=2)
     keys = await load(store, 100)
     users = [f"u{i}" for i in range(300)] + [f"u{i}" for i in range(50)]
-    answers = await asyncio.gather(*(coalescer.grab(keys, u) for u in users))
+    answers = await asyncio.gather(*(coalescer.submit(keys, u) for u in users))
     granted = [a for a in answers if a[0] is GrabStatus.GRANTED]
     assert len(granted) == 100
     assert sorted(seq for _, seq, _, _ in granted) == list(range(1, 101))
@@ -54,7 +54,7 @@ async def test_light_load_sends_at_once(store: RedisStore) -> None:
     coalescer = GrabCoalescer(store, max_batch=64, max_in_flight=4)
     keys = await load(store, 3)
     for user in ("a", "b", "c"):
-        status, *_ = await coalescer.grab(keys, user)
+        status, *_ = await coalescer.submit(keys, user)
         assert status is GrabStatus.GRANTED
     assert (coalescer.calls, coalescer.grabs) == (3, 3)
 
@@ -85,9 +85,9 @@ async def test_grabs_arriving_during_a_call_ride_the_next_one(store: RedisStore)
     counting.gate, counting.started = asyncio.Event(), asyncio.Event()
     coalescer = GrabCoalescer(counting, max_batch=64, max_in_flight=4, parallel_at=16)
     keys = await load(store, 100)
-    first = asyncio.ensure_future(coalescer.grab(keys, "u0"))
+    first = asyncio.ensure_future(coalescer.submit(keys, "u0"))
     await counting.started.wait()
-    later = [asyncio.ensure_future(coalescer.grab(keys, f"u{i}")) for i in range(1, 16)]
+    later = [asyncio.ensure_future(coalescer.submit(keys, f"u{i}")) for i in range(1, 16)]
     await asyncio.sleep(0.01)
     assert counting.most_in_flight == 1  # 15 waiting grabs do not open a second call
     counting.gate.set()
@@ -105,9 +105,9 @@ async def test_grabs_read_in_the_turns_after_a_call_join_the_waiting_ones(
     counting.gate, counting.started = asyncio.Event(), asyncio.Event()
     coalescer = GrabCoalescer(counting, max_batch=64, max_in_flight=1)
     keys = await load(store, 100)
-    first = asyncio.ensure_future(coalescer.grab(keys, "u0"))
+    first = asyncio.ensure_future(coalescer.submit(keys, "u0"))
     await counting.started.wait()
-    waiting = asyncio.ensure_future(coalescer.grab(keys, "u1"))
+    waiting = asyncio.ensure_future(coalescer.submit(keys, "u1"))
     await asyncio.sleep(0)
     late: list[asyncio.Future[object]] = []
     # a request read two turns after the first call's answers: u0's task ends in the
@@ -124,7 +124,7 @@ async def test_a_storm_opens_further_calls(store: RedisStore) -> None:
     counting = CountingStore(store.client, store.buckets)
     coalescer = GrabCoalescer(counting, max_batch=32, max_in_flight=4, parallel_at=16)
     keys = await load(store, 200)
-    answers = await asyncio.gather(*(coalescer.grab(keys, f"u{i}") for i in range(200)))
+    answers = await asyncio.gather(*(coalescer.submit(keys, f"u{i}") for i in range(200)))
     assert all(status is GrabStatus.GRANTED for status, *_ in answers)
     assert counting.most_in_flight == 4  # the second call at 16 waiting, then 32, 48
 
@@ -135,8 +135,8 @@ async def test_a_broken_packet_fails_only_its_grabbers(store: RedisStore) -> Non
     broken = await load(store, 10)
     await store.client.hset(broken.meta, "exp", "not-a-number")  # unreadable packet data
     results = await asyncio.gather(
-        *(coalescer.grab(healthy, f"h{i}") for i in range(5)),
-        *(coalescer.grab(broken, f"b{i}") for i in range(5)),
+        *(coalescer.submit(healthy, f"h{i}") for i in range(5)),
+        *(coalescer.submit(broken, f"b{i}") for i in range(5)),
         return_exceptions=True,
     )
     assert coalescer.calls < 10  # the two packets shared calls
@@ -183,9 +183,9 @@ async def test_a_failed_call_fails_its_callers_and_the_lane_goes_on(store: Redis
 
     store._run = failing_run  # type: ignore[method-assign]
     results = await asyncio.gather(
-        *(coalescer.grab(keys, f"u{i}") for i in range(6)), return_exceptions=True
+        *(coalescer.submit(keys, f"u{i}") for i in range(6)), return_exceptions=True
     )
     assert all(isinstance(r, StorageError) for r in results)
     store._run = real_run  # type: ignore[method-assign]
-    assert (await coalescer.grab(keys, "after"))[0] is GrabStatus.GRANTED
+    assert (await coalescer.submit(keys, "after"))[0] is GrabStatus.GRANTED
     assert all(lane.in_flight == 0 for lane in coalescer._lanes.values())

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from hongbao.errors import ConfigurationError, StorageError
-from hongbao.storage.embedded import EmbeddedServer, server_binary
+from hongbao.serving.embedded import EmbeddedServer, server_binary
 from tests.servers import alive
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -133,7 +133,7 @@ CRASHER = """
 import sys, time
 from pathlib import Path
 import redis
-from hongbao.storage.embedded import EmbeddedServer
+from hongbao.serving.embedded import EmbeddedServer
 server = EmbeddedServer(Path(sys.argv[1]))
 url = server.start()
 redis.Redis.from_url(url).set("before-crash", "kept")

@@ -13,7 +13,8 @@ from hongbao.domain.models import GrabStatus
 from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
-from hongbao.storage.redis import Answer, ClaimValue, claim_of, grants_in, too_old
+from hongbao.storage.codec import ClaimValue, decode_entry
+from hongbao.storage.redis import Answer, claim_of, too_old
 
 pytestmark = pytest.mark.redis
 
@@ -76,7 +77,7 @@ async def test_grab_outcomes(store: RedisStore) -> None:
     assert await store.grab(store.keys(new_packet_id()), "dan") == (GrabStatus.UNKNOWN, 0, 0, 0)
     assert claim_of((GrabStatus.EXHAUSTED, 0, 0, 0)) is None
     events = await store.client.xrange(keys.events)
-    assert [[u for u, _ in grants_in(e[1])] for e in events] == [["alice"], ["bob"]]
+    assert [[u for u, _ in decode_entry(e[1]).claims] for e in events] == [["alice"], ["bob"]]
     assert all(e[1]["k"] == "g" and e[1]["p"] == keys.packet_id for e in events)
 
 
@@ -115,11 +116,11 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
     assert [seq for _, seq, _, _ in answers] == [1, 1, 2, 0, 1, 2]
     # one stream entry per packet and call, holding that packet's grants in order
     entries = [fields for _, fields in await store.client.xrange(first.events)]
-    assert [(f["p"], [u for u, _ in grants_in(f)]) for f in entries] == [
+    assert [(f["p"], [u for u, _ in decode_entry(f).claims]) for f in entries] == [
         (first.packet_id, ["u1", "u2"]),
         (second.packet_id, ["u1", "u2"]),
     ]
-    assert [c for f in entries for _, c in grants_in(f)] == [
+    assert [c for f in entries for _, c in decode_entry(f).claims] == [
         claim_of(a) for a in answers if a[0] is GrabStatus.GRANTED
     ]
 
@@ -153,7 +154,7 @@ async def test_grab_batch_in_bulk_beyond_lua_stack(store: RedisStore) -> None:
     stored = await store.claims(keys)
     assert stored == {**early_claims, **granted}
     entries = [fields for _, fields in await store.client.xrange(keys.events)]
-    assert [u for f in entries for u, _ in grants_in(f)] == [*early_claims, *granted]
+    assert [u for f in entries for u, _ in decode_entry(f).claims] == [*early_claims, *granted]
     status = await store.status(keys)
     assert status is not None and (status.shares_left, status.amount_left) == (0, 0)
 
@@ -230,7 +231,7 @@ async def test_ack_and_dead_letter(store: RedisStore) -> None:
     await store.dead_letter(events[1], "bad thing")
     parked = await store.dead_letters()
     assert len(parked) == 1 and parked[0].fields["reason"] == "bad thing"
-    assert [u for u, _ in grants_in(parked[0].fields)] == ["b"]
+    assert [u for u, _ in decode_entry(parked[0].fields).claims] == ["b"]
     assert await store.backlog() == 0
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from hongbao.auth import (
-    AuthError,
     Principal,
     bearer_token,
     issue_token,
@@ -22,7 +21,7 @@ from hongbao.auth import (
     valid_user_id,
     verify_token,
 )
-from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
+from hongbao.errors import AuthError, ConfigurationError, HongbaoError, InvalidRequest
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 OTHER = b"fedcba9876543210fedcba9876543210"

@@ -12,7 +12,8 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from hongbao.metrics import _LATENCY_BUCKETS, GRAB_OUTCOMES, Metrics, workers_folder
+from hongbao.metrics import _LATENCY_BUCKETS, GRAB_OUTCOMES, Metrics
+from hongbao.serving.workers import workers_folder
 
 SAMPLES = [
     ("granted", 0.0003),

@@ -11,10 +11,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from hongbao.api import create_app
+from hongbao.app import create_app
 from hongbao.auth import issue_token
+from hongbao.errors import RateLimited
 from hongbao.ledger import SqlLedger
-from hongbao.ratelimit import RateLimited, RateLimiter
+from hongbao.ratelimit import RateLimiter
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore
 

@@ -423,7 +423,7 @@ def test_event_stream_and_demo_endpoint(server: Serve) -> None:
 
 def test_demo_sign_in_only_in_demo_mode() -> None:
     """Without demo mode (a real deployment) POST /demo/token is not routed at all."""
-    from hongbao.api.app import create_app
+    from hongbao.app import create_app
     from hongbao.settings import Settings
 
     settings = Settings(redis_url="redis://127.0.0.1:1/0", database_url="sqlite+aiosqlite://")

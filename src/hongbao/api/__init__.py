@@ -1,5 +1,2 @@
-"""The HTTP API (Starlette). See `hongbao.api.app.create_app`."""
-
-from hongbao.api.app import create_app
-
-__all__ = ["create_app"]
+"""The HTTP JSON API: its endpoints (`routes.Api`), problem documents, schemas and the
+OpenAPI document. `hongbao.app.create_app` serves it beside the web page."""

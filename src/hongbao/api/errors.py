@@ -12,8 +12,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hongbao.auth import AuthError
 from hongbao.errors import (
+    AuthError,
+    Forbidden,
     HongbaoError,
     IdempotencyConflict,
     InsufficientBalance,
@@ -22,6 +23,7 @@ from hongbao.errors import (
     PacketExhausted,
     PacketExpired,
     PacketNotFound,
+    RateLimited,
     StorageError,
 )
 
@@ -33,6 +35,7 @@ TYPE_PREFIX = "urn:hongbao:problem:"
 #: domain error -> HTTP status (the most specific class listed first wins)
 STATUS: list[tuple[type[HongbaoError], int]] = [
     (AuthError, 401),
+    (Forbidden, 403),
     (InvalidRequest, 422),
     (PacketNotFound, 404),
     (NotFound, 404),
@@ -40,6 +43,7 @@ STATUS: list[tuple[type[HongbaoError], int]] = [
     (PacketExpired, 410),
     (InsufficientBalance, 409),
     (IdempotencyConflict, 409),
+    (RateLimited, 429),
     (StorageError, 503),
 ]
 
@@ -55,7 +59,7 @@ HTTP_CODES = {
 
 
 class ApiError(Exception):
-    """An HTTP-level refusal (403, 413, 415, ...) with its problem code."""
+    """A refusal of the HTTP request itself (413, 415, ...), before any domain code runs."""
 
     def __init__(
         self,
@@ -69,14 +73,6 @@ class ApiError(Exception):
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
         self.field, self.headers = field, headers
-
-
-def forbidden(detail: str) -> ApiError:
-    return ApiError(403, "forbidden", detail)
-
-
-def invalid(detail: str, field: str) -> ApiError:
-    return ApiError(422, "invalid_request", detail, field=field)
 
 
 def problem(
@@ -114,8 +110,10 @@ def status_of(exc: HongbaoError) -> int:
 def domain_problem(exc: HongbaoError) -> Response:
     status = status_of(exc)
     headers: dict[str, str] | None = None
-    if status == 401:
+    if isinstance(exc, AuthError):
         headers = {"WWW-Authenticate": 'Bearer realm="hongbao"'}
+    elif isinstance(exc, RateLimited):
+        headers = {"Retry-After": exc.retry_after_header}
     elif status == 503:
         headers = {"Retry-After": "1"}
         log.warning("storage unavailable: %s", exc)
@@ -132,18 +130,17 @@ def domain_problem(exc: HongbaoError) -> Response:
 # -- Starlette exception handlers ---------------------------------------------------------------
 
 
-async def on_hongbao_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HongbaoError)
+def error_response(exc: HongbaoError | ApiError) -> Response:
+    """The problem document of a refusal: the one way errors are rendered, by the routed
+    endpoints (through the exception handlers) and by the grab's fast path alike."""
+    if isinstance(exc, ApiError):
+        return problem(exc.status, exc.code, exc.detail, field=exc.field, headers=exc.headers)
     return domain_problem(exc)
 
 
-def api_problem(exc: ApiError) -> Response:
-    return problem(exc.status, exc.code, exc.detail, field=exc.field, headers=exc.headers)
-
-
-async def on_api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return api_problem(exc)
+async def on_refusal(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HongbaoError | ApiError)
+    return error_response(exc)
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:
@@ -169,8 +166,8 @@ def _detail(exc: HTTPException, request: Request) -> str:
 
 
 EXCEPTION_HANDLERS = {
-    HongbaoError: on_hongbao_error,
-    ApiError: on_api_error,
+    HongbaoError: on_refusal,
+    ApiError: on_refusal,
     HTTPException: on_http_exception,
     Exception: on_unexpected,
 }

@@ -19,14 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hongbao.api.errors import (
-    ApiError,
-    api_problem,
-    domain_problem,
-    forbidden,
-    invalid,
-    problem,
-)
+from hongbao.api.errors import ApiError, error_response, problem
 from hongbao.api.schemas import (
     DepositRequest,
     SendRequest,
@@ -35,17 +28,19 @@ from hongbao.api.schemas import (
     packet_json,
     wallet_json,
 )
-from hongbao.auth import AuthError, Principal, bearer_token, valid_user_id, verify_token
+from hongbao.auth import Principal, bearer_token, valid_user_id, verify_token
 from hongbao.errors import (
+    AuthError,
+    Forbidden,
     HongbaoError,
     InvalidRequest,
     PacketExhausted,
     PacketExpired,
     PacketNotFound,
+    RateLimited,
     StorageError,
 )
 from hongbao.metrics import CONTENT_TYPE, Metrics
-from hongbao.ratelimit import RateLimited, RateLimiter
 from hongbao.runtime import Runtime
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
@@ -67,7 +62,6 @@ class Api:
         self.metrics = metrics
         self.runtime: Runtime | None = None
         self.openapi: bytes = b"{}"
-        self._limiter: RateLimiter | None = None
 
     @property
     def service(self) -> Hongbao:
@@ -102,7 +96,7 @@ class Api:
     async def deposit(self, request: Request) -> Response:
         caller = self.caller(request)
         if not caller.admin:
-            raise forbidden("only an admin may deposit")
+            raise Forbidden("only an admin may deposit")
         user_id = _user_id(request)
         key = _idempotency_key(request)
         body = await read_json(request, DepositRequest)
@@ -113,7 +107,7 @@ class Api:
         caller = self.caller(request)
         user_id: str = request.path_params["user_id"]
         if caller.user_id != user_id and not caller.admin:
-            raise forbidden("a wallet can be read by its owner or an admin")
+            raise Forbidden("a wallet can be read by its owner or an admin")
         wallet = await self.service.wallet(_user_id(request))
         return JSONResponse(wallet_json(wallet))
 
@@ -163,9 +157,7 @@ class Api:
             result = await self.service.grab(packet_id, caller.user_id)
         except HongbaoError as exc:
             self.metrics.grabs.record(_outcome(exc), time.perf_counter() - started)
-            return domain_problem(exc)
-        except ApiError as exc:  # 429 from the rate limit (counted there)
-            return api_problem(exc)
+            return error_response(exc)
         outcome = "granted" if result.first else "repeat"
         self.metrics.grabs.record(outcome, time.perf_counter() - started)
         return orjson.dumps(grab_json(result))
@@ -176,20 +168,10 @@ class Api:
         return JSONResponse(claims_json(claims))
 
     async def limit(self, ip: str | None, action: str, user_id: str) -> None:
-        """429 with Retry-After when the user or the client IP is over its rate."""
-        if self.settings.rate_limit_user <= 0 and self.settings.rate_limit_ip <= 0:
-            return
-        store = self.service.store
-        if self._limiter is None or self._limiter.store is not store:
-            self._limiter = RateLimiter(store, self.settings)
-        try:
-            await self._limiter.check(action, user_id, ip)
-        except RateLimited as exc:
-            if action == "grab":
-                self.metrics.grabs.outcomes["rate_limited"] += 1
-            raise ApiError(
-                429, "rate_limited", str(exc), headers={"Retry-After": exc.retry_after_header}
-            ) from None
+        """RateLimited (429 with Retry-After) when the user or the client IP is over its rate."""
+        limiter = self.service.limiter
+        if limiter.enabled:
+            await limiter.check(action, user_id, ip)
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -230,7 +212,9 @@ class Api:
 def _user_id(request: Request) -> str:
     user_id: str = request.path_params["user_id"]
     if not valid_user_id(user_id):
-        raise invalid("user_id must be 1-64 characters of letters, digits and _ . : @ -", "user_id")
+        raise InvalidRequest(
+            "user_id must be 1-64 characters of letters, digits and _ . : @ -", "user_id"
+        )
     return user_id
 
 
@@ -260,7 +244,7 @@ async def read_json(request: Request, model: type[M]) -> M:
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         field, detail = _describe(error)
-        raise invalid(detail, field) from None
+        raise InvalidRequest(detail, field) from None
 
 
 def _too_large() -> ApiError:
@@ -296,6 +280,8 @@ def _outcome(exc: HongbaoError) -> str:
         return "not_found"
     if isinstance(exc, AuthError):
         return "unauthorized"
+    if isinstance(exc, RateLimited):
+        return "rate_limited"
     if isinstance(exc, InvalidRequest):
         return "invalid"
     return "error"
@@ -311,7 +297,7 @@ async def _ping(check: Any) -> bool:
 def _idempotency_key(request: Request) -> str | None:
     key = request.headers.get("idempotency-key")
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
-        raise invalid(
+        raise InvalidRequest(
             "Idempotency-Key must be 1 to 128 visible ASCII characters", "Idempotency-Key"
         )
     return key

@@ -21,7 +21,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from hongbao.bench.harness import stop_process
 from hongbao.keys import events_key
-from hongbao.storage import _hosts
+from hongbao.storage import parse_hosts
 
 #: what the bench talks to for metering and checks: one server, or a cluster
 Admin = redis.Redis | RedisCluster
@@ -38,7 +38,7 @@ def cluster_admin(url: str) -> RedisCluster:
     return RedisCluster(
         startup_nodes=[
             ClusterNode(h, p)  # type: ignore[no-untyped-call]
-            for h, p in _hosts(parts.netloc, 6379)
+            for h, p in parse_hosts(parts.netloc, 6379)
         ],
         decode_responses=True,
         password=parts.password,

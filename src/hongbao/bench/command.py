@@ -208,7 +208,7 @@ def _redis(url: str | None, work: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from hongbao.storage.embedded import EmbeddedServer
+    from hongbao.serving.embedded import EmbeddedServer
 
     server = EmbeddedServer(work / "embedded")
     try:

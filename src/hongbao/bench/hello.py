@@ -29,7 +29,7 @@ app = Starlette(
 
 
 if __name__ == "__main__":
-    from hongbao.api.workers import serve_workers, uvicorn_options
+    from hongbao.serving.workers import serve_workers, uvicorn_options
 
     port, workers = int(sys.argv[1]), int(sys.argv[2])
     options = uvicorn_options("127.0.0.1", port, "info", access_log=False)

@@ -26,8 +26,18 @@ class SplitMode(StrEnum):
     EQUAL = "equal"
 
 
+def seq_of(index: int) -> int:
+    """The 1-based number a grabber sees for share `index` (shares are numbered from 0)."""
+    return index + 1
+
+
+def index_of(seq: int) -> int:
+    """The share index of a 1-based seq."""
+    return seq - 1
+
+
 class GrabStatus(IntEnum):
-    """Return codes of the grab scripts (see storage/lua/grab.lua)."""
+    """Return codes of the grab script (see storage/lua/grab.lua)."""
 
     #: no such packet in Redis
     UNKNOWN = 0

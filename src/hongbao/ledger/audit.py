@@ -11,6 +11,7 @@ from hongbao.ledger.schema import claims, entries, packets, wallets
 async def audit_ledger(conn: AsyncConnection) -> list[str]:
     """Every returned line names a violated invariant and the packet or wallet."""
     problems, held = await _packets(conn)
+    problems.extend(await _claimed_twice(conn))
     problems.extend(await _wallets(conn))
     wallet_total = int(await conn.scalar(sa.select(sa.func.sum(wallets.c.balance))) or 0)
     deposits = int(
@@ -71,6 +72,20 @@ async def _packets(conn: AsyncConnection) -> tuple[list[str], int]:
         if closed is None:
             held += total - a_real - refunded
     return problems, held
+
+
+async def _claimed_twice(conn: AsyncConnection) -> list[str]:
+    """Users with two claims, or shares claimed twice, in one packet (the schema's unique
+    constraints forbid both; checked anyway, since the audit trusts nothing)."""
+    out: list[str] = []
+    for column, what in ((claims.c.user_id, "user"), (claims.c.share_idx, "share")):
+        rows = await conn.execute(
+            sa.select(claims.c.packet_id, column, sa.func.count())
+            .group_by(claims.c.packet_id, column)
+            .having(sa.func.count() > 1)
+        )
+        out.extend(f"packet {p}: {what} {v} claimed {n} times" for p, v, n in rows)
+    return out
 
 
 async def _wallets(conn: AsyncConnection) -> list[str]:

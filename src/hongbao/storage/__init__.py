@@ -28,7 +28,7 @@ class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionP
     """The Sentinel-managed pool, but a burst waits for a connection instead of failing."""
 
 
-def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+def parse_hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
     hosts = []
     for part in netloc.rsplit("@", 1)[-1].split(","):
         host, _, port = part.strip().rpartition(":")
@@ -50,7 +50,7 @@ def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> Re
             f"unsupported Redis URL scheme {scheme!r}; use one of {', '.join(SCHEMES)}"
         )
     if scheme == "redis+cluster":
-        nodes = [ClusterNode(h, p) for h, p in _hosts(parts.netloc, 6379)]
+        nodes = [ClusterNode(h, p) for h, p in parse_hosts(parts.netloc, 6379)]
         # MOVED / ASK / TRYAGAIN are followed inside redis-py whatever the retry
         # policy; connection errors and CLUSTERDOWN (a failover window) surface at
         # once as StorageError, like on one server: hongbao's callers retry themselves
@@ -72,7 +72,7 @@ def store_from_url(url: str, buckets: int = 16, max_connections: int = 64) -> Re
         db = int(path[1]) if len(path) > 1 else 0
         query = parse_qs(parts.query)
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            _hosts(parts.netloc, 26379),
+            parse_hosts(parts.netloc, 26379),
             sentinel_kwargs={
                 "password": query.get("sentinel_password", [None])[0],
                 "socket_timeout": SOCKET_TIMEOUT,

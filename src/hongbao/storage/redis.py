@@ -1,13 +1,13 @@
-"""Redis / Valkey store: the hot path. Every operation is one Lua script run by SHA."""
+"""Redis / Valkey store: the hot path. Every operation on a packet is one Lua script run
+by SHA; the store is the only code that talks to Redis."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -24,27 +24,21 @@ from hongbao.keys import (
     events_key,
     resolved_key,
 )
+from hongbao.storage.codec import ClaimValue, pack_share, unpack_share
 from hongbao.storage.connections import KeptConnections
-
-SHARE_PACK = 1 << 32  # a share travels as index * 2^32 + amount
 
 RedisClient = aioredis.Redis | RedisCluster
 
-
 #: GrabStatus by script return code, without an Enum call per grab
 _STATUSES = tuple(GrabStatus)
-#: grab_batch.lua's code for a grab of a packet whose keys it could not read
-UNREADABLE = len(_STATUSES)
+#: grab.lua's code for a grab of a packet whose keys it could not read
+UNREADABLE = 5
 
-
-@functools.lru_cache(maxsize=65_536)
-def _packet_keys(packet_id: str, buckets: int) -> PacketKeys:
-    """Hot packets are grabbed thousands of times; their key names are built once."""
-    return PacketKeys.of(packet_id, buckets)
-
-
-#: the oldest Redis the scripts run on (grab_batch.lua pops with LPOP key count)
+#: the oldest Redis the scripts run on (grab.lua pops with LPOP key count)
 MIN_SERVER = (6, 2)
+
+#: entries read per XRANGE page when walking a stream
+_PAGE = 1_000
 
 
 def too_old(version: str) -> bool:
@@ -60,34 +54,9 @@ def read_lua(name: str) -> str:
     return files("hongbao.storage").joinpath("lua", f"{name}.lua").read_text()
 
 
-def pack_share(index: int, amount: int) -> int:
-    return index * SHARE_PACK + amount
-
-
-class ClaimValue(NamedTuple):
-    """A claim as Redis keeps it: "seq:amount:claimed_at_ms".
-
-    A NamedTuple, not a frozen dataclass: one is built per grab, and a frozen
-    dataclass's __init__ costs five times as much.
-    """
-
-    seq: int
-    amount: int
-    claimed_at_ms: int
-
-    @classmethod
-    def parse(cls, raw: str) -> ClaimValue:
-        seq, amount, ms = raw.split(":")
-        return cls(int(seq), int(amount), int(ms))
-
-    def encode(self) -> str:
-        return f"{self.seq}:{self.amount}:{self.claimed_at_ms}"
-
-
 #: one grab's outcome, flat: its status, then the seq, amount and claimed_at_ms of the
-#: user's claim, all three 0 when the user holds no share (seqs start at 1). Flat rather
-#: than (status, ClaimValue): one tuple a grab instead of two and no ClaimValue to build
-#: and unpack took the engine's Python from 23.9k to 21.9k instructions a grab (callgrind)
+#: user's claim, all three 0 when the user holds no share (seqs start at 1): one tuple a
+#: grab, nothing to build or unpack on the hot path
 Answer = tuple[GrabStatus, int, int, int]
 
 
@@ -97,24 +66,6 @@ def claim_of(answer: Answer) -> ClaimValue | None:
     return ClaimValue(seq, amount, claimed_at_ms) if seq else None
 
 
-def grants_in(fields: dict[str, str]) -> list[tuple[str, ClaimValue]]:
-    """The (user, claim) pairs of a grant entry; [] for other kinds; ValueError if malformed.
-
-    Kind ``g`` holds one line "user seq:amount:claimed_at_ms" per grant; kind ``c``
-    (one grant, fields u and c) is what earlier versions wrote; it is still read so a
-    stream written by an older version drains after an upgrade.
-    """
-    kind = fields.get("k")
-    if kind == "g":
-        pairs = [line.split(" ") for line in fields["c"].split("\n")]
-        if any(len(pair) != 2 for pair in pairs):
-            raise ValueError(f"grant lines {fields['c']!r} are not 'user claim'")
-        return [(user, ClaimValue.parse(claim)) for user, claim in pairs]
-    if kind == "c":
-        return [(fields["u"], ClaimValue.parse(fields["c"]))]
-    return []
-
-
 @dataclass(frozen=True, slots=True)
 class LiveStatus:
     amount_left: int
@@ -122,6 +73,21 @@ class LiveStatus:
     expires_at_ms: int
     closed_at_ms: int
     now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PacketSnapshot:
+    """One packet in Redis, read atomically."""
+
+    claims: dict[str, ClaimValue]
+    #: unclaimed (index, amount) shares, in the order grabs take them
+    shares: list[tuple[int, int]]
+    left: int
+    closed: bool
+
+    @property
+    def claimed_amount(self) -> int:
+        return sum(c.amount for c in self.claims.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,18 +121,20 @@ class RedisStore:
         )
         self.lua_load = self._script("load")
         self.lua_grab = self._script("grab")
-        self.lua_grab_batch = self._script("grab_batch")
         self.lua_close = self._script("close")
         self.lua_status = self._script("status")
+        self.lua_snapshot = self._script("snapshot")
+        self.lua_restore_claims = self._script("restore_claims")
         self.lua_ack = self._script("ack")
         self.lua_dead_letter = self._script("dead_letter")
         self.lua_move_dead_letter = self._script("move_dead_letter")
+        self.lua_rate_limit = self._script("rate_limit")
 
     def _script(self, name: str) -> AsyncScript:
         return self.client.register_script(read_lua(name))
 
     def keys(self, packet_id: str) -> PacketKeys:
-        return _packet_keys(packet_id, self.buckets)
+        return PacketKeys.of(packet_id, self.buckets)
 
     async def aclose(self) -> None:
         if self._kept is not None:
@@ -178,6 +146,18 @@ class RedisStore:
             return bool(await self.client.ping())
         except (RedisError, OSError):
             return False
+
+    async def check_server(self) -> None:
+        """Refuse a server too old for the scripts, with a clear error, at startup."""
+        info = await self._call(self.client.info("server"))
+        # one server's dict ({...}); a client asking several nodes gives {node: {...}}
+        for node in info.values() if "redis_version" not in info else [info]:
+            version = str(node.get("redis_version", ""))
+            if too_old(version):
+                raise StorageError(
+                    f"redis {version} is too old: hongbao needs Redis >= "
+                    f"{'.'.join(map(str, MIN_SERVER))} or Valkey (LPOP with a count)"
+                )
 
     # -- packets -------------------------------------------------------------
 
@@ -200,19 +180,19 @@ class RedisStore:
         return bool(loaded)
 
     async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
-        status, claim = await self._run(
-            self.lua_grab,
-            [keys.meta, keys.shares, keys.claims, keys.events],
-            [keys.packet_id, user_id],
-        )
-        return (GrabStatus(status), *(ClaimValue.parse(claim) if claim else (0, 0, 0)))
+        """One grab, on its own script call (the service's grabs go through the coalescer)."""
+        (answer,) = await self.grab_batch([(keys, [user_id])])
+        if isinstance(answer, StorageError):
+            raise answer
+        return answer
 
     async def grab_batch(
         self, groups: Sequence[tuple[PacketKeys, Sequence[str]]]
     ) -> list[Answer | StorageError]:
-        """Grabs of (packet, users in order) groups; answers in the order of the groups and
-        of the users in each (user ids hold no spaces). On a cluster, one bucket only.
-        A packet whose data Redis cannot read answers its own grabs with a StorageError."""
+        """Grabs of (packet, users in order) groups in one call of grab.lua; answers in the
+        order of the groups and of the users in each (user ids hold no spaces). On a
+        cluster, one bucket only. A packet whose data Redis cannot read answers its own
+        grabs with a StorageError."""
         bucket = groups[0][0].bucket
         keys: list[str] = []
         args: list[str] = []
@@ -221,16 +201,15 @@ class RedisStore:
                 raise ValueError("a grab batch must stay inside one bucket on a cluster")
             keys += (packet.events, packet.meta, packet.shares, packet.claims)
             args += (packet.packet_id, " ".join(users))
-        flat = await self._run(self.lua_grab_batch, keys, args)
+        flat = await self._run(self.lua_grab, keys, args)
         statuses = _STATUSES
         fours = iter(flat)
-        answers: list[Answer | StorageError] = [
+        return [
             (statuses[status], seq, amount, at)
             if status != UNREADABLE
             else StorageError("redis: the packet's data there is unreadable")
             for status, seq, amount, at in zip(fours, fours, fours, fours, strict=True)
         ]
-        return answers
 
     async def close_packet(
         self, keys: PacketKeys, sender_id: str, retention_ms: int
@@ -255,26 +234,68 @@ class RedisStore:
         raw = await self._call(self.client.hgetall(keys.claims))
         return {user: ClaimValue.parse(value) for user, value in raw.items()}
 
+    async def snapshot(self, keys: PacketKeys) -> PacketSnapshot | None:
+        """The packet's claims, unclaimed shares and meta, read atomically (None if absent)."""
+        exists, left, closed, shares, claims = await self._run(
+            self.lua_snapshot, [keys.meta, keys.shares, keys.claims], []
+        )
+        if not exists:
+            return None
+        pairs = iter(claims)
+        return PacketSnapshot(
+            {user: ClaimValue.parse(value) for user, value in zip(pairs, pairs, strict=True)},
+            [unpack_share(packed) for packed in shares],
+            int(left),
+            bool(closed),
+        )
+
+    async def restore_claims(
+        self, keys: PacketKeys, sender_id: str, claims: Sequence[tuple[str, ClaimValue]]
+    ) -> tuple[int, list[str]]:
+        """Put back the (user, claim) pairs the ledger holds and Redis forgot, atomically
+        (see restore_claims.lua); (claims restored, one line per claim that cannot be)."""
+        args: list[Any] = [keys.packet_id, sender_id]
+        for user, claim in claims:
+            args.extend((user, claim.share_index, claim.amount, claim.claimed_at_ms))
+        restored, *conflicts = await self._run(
+            self.lua_restore_claims, [keys.meta, keys.shares, keys.claims, keys.events], args
+        )
+        return int(restored), [str(line) for line in conflicts]
+
     async def forget_packet(self, keys: PacketKeys) -> None:
         """Delete a packet's keys (tests and recovery drills)."""
         await self._call(self.client.delete(keys.meta, keys.shares, keys.claims))
+
+    # -- rate limits -------------------------------------------------------------
+
+    async def take_tokens(self, key: str, rate: float, burst: int, cost: int) -> tuple[bool, int]:
+        """Take `cost` tokens from the token bucket at `key` (rate_limit.lua):
+        (taken, milliseconds until there would be enough when not taken)."""
+        allowed, wait_ms = await self._run(self.lua_rate_limit, [key], [repr(rate), burst, cost])
+        return bool(int(allowed)), int(wait_ms)
+
+    # -- durability ---------------------------------------------------------------
+
+    async def replication(self) -> tuple[str, int]:
+        """This server's replication role ("master", "slave") and connected replicas."""
+        info = await self._call(self.client.info("replication"))
+        return str(info.get("role", "")), int(info.get("connected_slaves", 0))
+
+    async def write_then_wait(self, probe_key: str, *wait: Any) -> Any:
+        """INCR `probe_key`, then `wait` (e.g. WAIT 1 1000) on the same connection.
+
+        WAIT and WAITAOF count from the calling connection's last write; the probe
+        makes that offset cover every write the server made before it."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(probe_key)
+        pipe.execute_command(*wait)
+        reply: list[Any] = await self._call(pipe.execute())
+        return reply[1]
 
     # -- event streams -----------------------------------------------------------
 
     def streams(self) -> list[str]:
         return [events_key(b) for b in range(self.buckets)]
-
-    async def check_server(self) -> None:
-        """Refuse a server too old for the scripts, with a clear error, at startup."""
-        info = await self._call(self.client.info("server"))
-        # one server's dict ({...}); a client asking several nodes gives {node: {...}}
-        for node in info.values() if "redis_version" not in info else [info]:
-            version = str(node.get("redis_version", ""))
-            if too_old(version):
-                raise StorageError(
-                    f"redis {version} is too old: hongbao needs Redis >= "
-                    f"{'.'.join(map(str, MIN_SERVER))} or Valkey (LPOP with a count)"
-                )
 
     async def ensure_groups(self) -> None:
         """Create the persister group on every bucket stream (idempotent)."""
@@ -292,7 +313,19 @@ class RedisStore:
         reply = await self._call(
             self.client.xreadgroup(PERSISTER_GROUP, consumer, streams, count=count, block=block_ms)
         )
-        return _events(reply)
+        return events_of_reply(reply)
+
+    async def stream_entries(self) -> AsyncIterator[Event]:
+        """Every entry now in the bucket streams (applied or not yet), stream by stream."""
+        for stream in self.streams():
+            last = "-"
+            while True:
+                rows = await self._call(self.client.xrange(stream, min=last, count=_PAGE))
+                for entry_id, fields in rows:
+                    yield Event(stream, str(entry_id), dict(fields))
+                    last = "(" + str(entry_id)
+                if len(rows) < _PAGE:
+                    break
 
     async def pending(self, bucket: int, idle_ms: int, count: int) -> list[Pending]:
         """Entries delivered at least `idle_ms` ago and not acknowledged."""
@@ -365,10 +398,18 @@ class RedisStore:
 
     async def backlog(self) -> int:
         """Entries in the event streams not yet applied (persister lag)."""
-        total = 0
-        for stream in self.streams():
-            total += int(await self._call(self.client.xlen(stream)))
-        return total
+        backlog, _ = await self.stream_lengths()
+        return backlog
+
+    async def stream_lengths(self) -> tuple[int, int]:
+        """(entries in the event streams, entries in the dead-letter streams), in one
+        round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in range(self.buckets):
+            pipe.xlen(events_key(bucket))
+            pipe.xlen(dead_letter_key(bucket))
+        lengths: list[int] = await self._call(pipe.execute())
+        return sum(lengths[0::2]), sum(lengths[1::2])
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -398,7 +439,7 @@ class RedisStore:
             raise StorageError(f"redis: {exc}") from exc
 
 
-def _events(reply: Any) -> list[Event]:
+def events_of_reply(reply: Any) -> list[Event]:
     """Flatten an XREADGROUP reply: [[stream, [[id, {field: value}], ...]], ...]."""
     return [
         Event(str(stream), str(entry_id), dict(fields or {}))

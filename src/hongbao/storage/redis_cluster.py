@@ -26,8 +26,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException
 
 from hongbao.errors import StorageError
-from hongbao.keys import PERSISTER_GROUP
-from hongbao.storage.redis import Event, RedisClient, RedisStore, _events
+from hongbao.keys import PERSISTER_GROUP, dead_letter_key, events_key
+from hongbao.storage.redis import Event, RedisClient, RedisStore, events_of_reply
 
 
 def _only(stream: str) -> dict[Any, Any]:
@@ -67,7 +67,9 @@ class RedisClusterStore(RedisStore):
         failures = [r for r in replies if isinstance(r, BaseException)]
         if unexpected := [r for r in failures if not isinstance(r, StorageError)]:
             raise unexpected[0]  # cancellation, or a bug: never swallowed
-        events = [e for r in replies if not isinstance(r, BaseException) for e in _events(r)]
+        events = [
+            e for r in replies if not isinstance(r, BaseException) for e in events_of_reply(r)
+        ]
         if failures and not events:
             raise failures[0]
         if not events and block_ms:
@@ -89,9 +91,11 @@ class RedisClusterStore(RedisStore):
         await self.check_server()
         await asyncio.gather(*(one(s) for s in self.streams()))
 
-    async def backlog(self) -> int:
-        lengths = await asyncio.gather(*(self._call(self.client.xlen(s)) for s in self.streams()))
-        return sum(int(n) for n in lengths)
+    async def stream_lengths(self) -> tuple[int, int]:
+        """(event stream entries, dead-letter entries): each stream asked on its own node."""
+        keys = [k for b in range(self.buckets) for k in (events_key(b), dead_letter_key(b))]
+        lengths = await asyncio.gather(*(self._call(self.client.xlen(k)) for k in keys))
+        return sum(int(n) for n in lengths[0::2]), sum(int(n) for n in lengths[1::2])
 
     async def write_then_wait(self, probe_key: str, *wait: Any) -> Any:
         """INCR `probe_key`, then `wait` (e.g. WAIT 1 1000), on one connection of its primary.

@@ -17,8 +17,8 @@
   deposit's reference is ``demo-signin:<name>``). Not routed at all otherwise.
 - ``GET /admin/stats`` (admin token): the dashboard's numbers, read from the
   service's own Prometheus metrics (grabs/s, persister backlog, dead letters), the
-  ledger (live packets) and the audit (`hongbao.audit`, else the ledger's own
-  invariants; run at most every `AUDIT_SECONDS`). With ``--workers N`` the grab
+  ledger (live packets) and the audit (`hongbao.audit`; run at most every
+  `AUDIT_SECONDS`). With ``--workers N`` the grab
   counts are those of all the workers (the others' up to `PUBLISH_SECONDS` behind).
 """
 
@@ -38,21 +38,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from hongbao.api.errors import forbidden
-from hongbao.api.routes import read_json
+from hongbao.api.routes import Api, read_json
 from hongbao.api.schemas import DemoSignIn, claims_json, iso, packet_json
+from hongbao.audit import audit
 from hongbao.auth import Principal, bearer_token, issue_token, verify_token
-from hongbao.errors import HongbaoError
-
-if TYPE_CHECKING:
-    from hongbao.api.routes import Api
+from hongbao.errors import Forbidden, HongbaoError
 
 log = logging.getLogger("hongbao.web")
 
@@ -132,11 +129,10 @@ class PacketWatchers:
 
     async def _poll(self, w: _Watch) -> None:
         service = self.api.service
-        keys = service.store.keys(w.packet_id)
         seen: object = ()
         while True:
             try:
-                live = await service.store.status(keys)
+                live = await service.live_status(w.packet_id)
                 marker = (
                     None
                     if live is None
@@ -227,6 +223,7 @@ class WebApp:
                 previous(signum, frame)
 
             signal.signal(sig, handler)
+            self._handlers[sig] = (handler, previous)
 
     def _close_streams(self) -> None:
         self._closing = True
@@ -306,7 +303,7 @@ class WebApp:
     async def admin_stats(self, request: Request) -> Response:
         caller = self.api.caller(request)
         if not caller.admin:
-            raise forbidden("the dashboard needs an admin token")
+            raise Forbidden("the dashboard needs an admin token")
         service = self.api.service
         metrics = self.api.metrics
         fresh = await metrics.refresh(service.store)
@@ -360,9 +357,6 @@ class WebApp:
             return None, False
         return count, True
 
-    async def _run_audit(self) -> list[str]:
-        return await _full_audit(self.api)
-
     async def _audit_status(self) -> dict[str, Any]:
         async with self._audit_lock:
             now = time.monotonic()
@@ -370,7 +364,10 @@ class WebApp:
                 return self._audit[1]
             status: dict[str, Any]
             try:
-                problems = await self._run_audit()
+                # Redis against the ledger, and the ledger's own invariants; never waits
+                # for the persister
+                report = await audit(self.api.service, settle=0)
+                problems = list(report.violations)
                 status = {
                     "ok": not problems,
                     "problem_count": len(problems),
@@ -385,17 +382,6 @@ class WebApp:
             status["checked_at"] = iso(datetime.now(UTC))
             self._audit = (now, status)
             return status
-
-
-async def _full_audit(api: Api) -> list[str]:
-    """`hongbao.audit` (Redis against the ledger, and the ledger's own invariants) if this
-    tree has it, else the ledger's invariants alone; never waits for the persister."""
-    try:
-        from hongbao.audit import audit
-    except ImportError:
-        return await api.service.ledger.audit()
-    report = await audit(api.service, settle=0)
-    return list(report.violations)
 
 
 def _gauge(value: float | None, fresh: bool) -> int | None:

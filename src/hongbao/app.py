@@ -1,4 +1,5 @@
-"""The ASGI app: `create_app(settings, secret, run_workers=...)`; a factory for uvicorn workers."""
+"""The ASGI app: the JSON API (`hongbao.api`) and the web page (`hongbao.web`) in one
+Starlette app, with the service started by its lifespan; a factory for uvicorn workers."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hongbao.auth import secret_from_env_or_dir
 from hongbao.metrics import Metrics
 from hongbao.runtime import running_service
 from hongbao.settings import Settings
+from hongbao.web.routes import WebApp
 
 #: environment read by `app_from_env` (set by `hongbao serve --workers N` for its workers)
 ENV_DATA_DIR = "HONGBAO_DATA_DIR"
@@ -44,8 +46,6 @@ def create_app(
     demo sign-in endpoint ``POST /demo/token``. Workers of one server pass the same
     `metrics_dir`, so that any of them answers ``/metrics`` with all their grabs.
     """
-    from hongbao.web.routes import WebApp  # here: hongbao.web imports from hongbao.api
-
     api = Api(settings, secret, Metrics(metrics_dir))
     web = WebApp(api, demo_mode=demo_mode)
     api.openapi = json.dumps(

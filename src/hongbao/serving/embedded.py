@@ -32,15 +32,18 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from hongbao.errors import ConfigurationError, StorageError
+from hongbao.settings import Settings
 
 HOST = "127.0.0.1"
+#: the SQLite ledger's file in a data folder
+LEDGER_FILE = "ledger.sqlite3"
 SERVER_NAMES = ("valkey-server", "redis-server")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
@@ -118,6 +121,14 @@ class EmbeddedServer:
     def running(self) -> bool:
         """True while the server this object started is alive."""
         return self._proc is not None and self._proc.poll() is None
+
+    def url_if_running(self) -> str | None:
+        """The URL of this data folder's server when a live run already serves it (another
+        `hongbao serve`), else None."""
+        port = _read_int(self.port_file)
+        if port is not None and _info_pid(port, self.config_path) is not None:
+            return f"redis://{HOST}:{port}/0"
+        return None
 
     def start(self) -> str:
         """Start the server (replacing a stale one), wait for PING and return its URL."""
@@ -318,6 +329,33 @@ class EmbeddedServer:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+
+def ledger_url(data_dir: Path) -> str:
+    """The SQLite ledger of a data folder."""
+    return f"sqlite+aiosqlite:///{Path(data_dir).resolve() / LEDGER_FILE}"
+
+
+def embedded_settings(
+    data_dir: Path, *, database_url: str | None = None, **overrides: Any
+) -> tuple[Settings, EmbeddedServer]:
+    """Start the embedded server under `data_dir`; settings pointing at it.
+
+    The ledger is `database_url` if given, else SQLite in `data_dir`. The caller
+    owns the returned server and must `stop()` it.
+    """
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    server = EmbeddedServer(data_dir)
+    url = server.start()
+    try:
+        settings = Settings.from_env(
+            redis_url=url, database_url=database_url or ledger_url(data_dir), **overrides
+        )
+    except BaseException:
+        server.stop()
+        raise
+    return settings, server
 
 
 # -- process and protocol helpers -------------------------------------------------------------

@@ -21,17 +21,22 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
+
+from hongbao.serving.embedded import process_alive
 
 log = logging.getLogger("hongbao.workers")
 
@@ -53,6 +58,31 @@ def uvicorn_options(host: str, port: int, log_level: str, access_log: bool) -> d
         "timeout_graceful_shutdown": SHUTDOWN_TIMEOUT,
         "server_header": False,
     }
+
+
+def workers_folder(data_dir: Path) -> Path:
+    """The folder one `serve --workers N` run's workers share: <data dir>/metrics/<pid>.
+
+    A run removes its folder when it stops; one that crashed (SIGKILL, power loss)
+    cannot, so each start first removes the folders of runs whose process is gone.
+    Runs sharing a data dir keep their own. Without a data dir (Redis, the database
+    and the secret all configured) or with one that cannot hold the folder (read-only),
+    the folder is a temporary one."""
+    if not data_dir.is_dir():
+        return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
+    root = data_dir / "metrics"
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for folder in root.iterdir():
+            if folder.name.isdigit() and not process_alive(int(folder.name)):
+                shutil.rmtree(folder, ignore_errors=True)
+        mine = root / str(os.getpid())
+        shutil.rmtree(mine, ignore_errors=True)  # a crashed run that had this pid
+        mine.mkdir(mode=0o700)
+    except OSError as exc:
+        log.warning("no metrics folder under %s (%s); using a temporary one", data_dir, exc)
+        return Path(tempfile.mkdtemp(prefix="hongbao-metrics-"))
+    return mine
 
 
 def reuse_port_available() -> bool:

@@ -1,0 +1,3 @@
+from hongbao.cli import main
+
+main()
