@@ -30,10 +30,10 @@ from hongbao.auth import (
     secret_from_env_or_dir,
     valid_user_id,
 )
-from hongbao.bench.command import bench
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
 from hongbao.settings import Settings
+from hongbao_bench.command import bench
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them (`token` stays fast)
     from hongbao.storage.embedded import EmbeddedServer

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hongbao.bench.cluster import (
+from hongbao.keys import bucket_of
+from hongbao.service import Hongbao
+from hongbao_bench.cluster import (
     Admin,
     admin_for,
     buckets_by_primary,
@@ -35,9 +37,9 @@ from hongbao.bench.cluster import (
     primaries_in_slot_order,
     single_server,
 )
-from hongbao.bench.cluster_worker import Job, user_name
-from hongbao.bench.harness import account
-from hongbao.bench.scenarios import (
+from hongbao_bench.cluster_worker import Job, user_name
+from hongbao_bench.harness import account
+from hongbao_bench.scenarios import (
     BenchContext,
     Outcome,
     _free_port,
@@ -47,8 +49,6 @@ from hongbao.bench.scenarios import (
     forget_packets,
     send_packets,
 )
-from hongbao.keys import bucket_of
-from hongbao.service import Hongbao
 
 GROUP = "hongbao-cluster"
 #: hot packets per targeted primary (its client process spreads grabs over them)
@@ -137,7 +137,7 @@ async def run_workers(
             logs[node] = work / f"worker{i}.log"
             with logs[node].open("wb") as log:
                 procs[node] = await asyncio.create_subprocess_exec(
-                    *(sys.executable, "-m", "hongbao.bench.cluster_worker"),
+                    *(sys.executable, "-m", "hongbao_bench.cluster_worker"),
                     *(str(work / f"job{i}.json"), str(work / f"result{i}.json")),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,

@@ -98,9 +98,10 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hongbao.bench import report
-    from hongbao.bench.rounds import combine
-    from hongbao.bench.scenarios import (
+    from hongbao.console import fail, run_async
+    from hongbao_bench import report
+    from hongbao_bench.rounds import combine
+    from hongbao_bench.scenarios import (
         RUNNERS,
         SCENARIOS,
         BenchContext,
@@ -108,7 +109,6 @@ def bench(
         peak_rss_mb,
         profile_for,
     )
-    from hongbao.console import fail, run_async
 
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, highlight=False)
@@ -220,7 +220,7 @@ def _redis(url: str | None, work: Path) -> Iterator[str]:
 def _redis_kind(url: str | None) -> str:
     if not url:
         return "embedded (temporary)"
-    from hongbao.bench.cluster import is_cluster_url
+    from hongbao_bench.cluster import is_cluster_url
 
     return "external cluster" if is_cluster_url(url) else "external"
 

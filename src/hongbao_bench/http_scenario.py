@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hongbao.bench.harness import stop_process
-from hongbao.bench.results import ScenarioResult
-from hongbao.bench.scenarios import (
+from hongbao.service import Hongbao
+from hongbao_bench.harness import stop_process
+from hongbao_bench.results import ScenarioResult
+from hongbao_bench.scenarios import (
     BenchContext,
     CpuMeter,
     Outcome,
@@ -41,7 +42,6 @@ from hongbao.bench.scenarios import (
     forget_packets,
     send_packets,
 )
-from hongbao.service import Hongbao
 
 HTTP_WORKERS = 2
 #: at most this many slices a side; a slice lasts at least a second (wrk's -d)
@@ -340,7 +340,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         uvicorn_opts = ["--workers", str(HTTP_WORKERS), "--log-level", "info"]
         # the ceiling: hello world on the same worker processes and uvicorn options
         hello_port, grab_port = _free_port(), _free_port()
-        hello_args = [sys.executable, "-m", "hongbao.bench.hello", str(hello_port)]
+        hello_args = [sys.executable, "-m", "hongbao_bench.hello", str(hello_port)]
         hello_args.append(str(HTTP_WORKERS))
         serve_args = [sys.executable, "-m", "hongbao.cli", "serve", "--port", str(grab_port)]
         serve_args += ["--redis-url", ctx.redis_url, "--database-url", ctx.database_url]

@@ -11,12 +11,12 @@ Scenario names (``--scenarios``):
   (a grab costs Redis most in that shape: the batch script's work is mostly per packet);
 * ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), and
   the hello-world ceiling of the same uvicorn setup, in alternating slices of the same run
-  (`hongbao.bench.http_scenario`);
-* ``designs``: seed 003's six designs (`hongbao.bench.designs`) on PostgreSQL and MariaDB;
+  (`hongbao_bench.http_scenario`);
+* ``designs``: seed 003's six designs (`hongbao_bench.designs`) on PostgreSQL and MariaDB;
 * ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet;
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
-  (`hongbao.bench.cluster_scenario`), and the same on one plain server for comparison.
+  (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison.
 
 On a cluster, the scenarios built on seed 002's script are skipped (its keys span slots).
 """
@@ -42,7 +42,14 @@ from urllib.parse import urlsplit
 
 import redis
 
-from hongbao.bench.cluster import (
+from hongbao.domain.splitting import SplitLimits
+from hongbao.errors import (
+    ConfigurationError,
+)
+from hongbao.runtime import settle_heap
+from hongbao.service import Hongbao
+from hongbao.settings import Settings
+from hongbao_bench.cluster import (
     ONE_SERVER_DESIGN,
     ONE_SERVER_ONLY,
     Admin,
@@ -50,7 +57,7 @@ from hongbao.bench.cluster import (
     cpu_by_node,
     is_cluster_url,
 )
-from hongbao.bench.harness import (
+from hongbao_bench.harness import (
     Design,
     account,
     call_shape,
@@ -59,15 +66,8 @@ from hongbao.bench.harness import (
     run_scenario,
     run_seed_baseline,
 )
-from hongbao.bench.harness import seed002_script as _seed002_script
-from hongbao.bench.results import ScenarioResult
-from hongbao.domain.splitting import SplitLimits
-from hongbao.errors import (
-    ConfigurationError,
-)
-from hongbao.runtime import settle_heap
-from hongbao.service import Hongbao
-from hongbao.settings import Settings
+from hongbao_bench.harness import seed002_script as _seed002_script
+from hongbao_bench.results import ScenarioResult
 
 #: groups of scenarios, in the order they run
 SCENARIOS = (
@@ -604,7 +604,7 @@ def _reachable(url: str, default_port: int) -> str | None:
 
 
 async def designs(ctx: BenchContext) -> list[Outcome]:
-    from hongbao.bench.designs import DESIGNS, make_design
+    from hongbao_bench.designs import DESIGNS, make_design
 
     p = ctx.profile
     rng = random.Random(3)
@@ -652,19 +652,19 @@ async def designs(ctx: BenchContext) -> list[Outcome]:
 
 
 async def memory(ctx: BenchContext) -> list[Outcome]:
-    from hongbao.bench.memory import memory_scenario
+    from hongbao_bench.memory import memory_scenario
 
     return await memory_scenario(ctx)
 
 
 async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
-    from hongbao.bench.http_scenario import hongbao_http as run
+    from hongbao_bench.http_scenario import hongbao_http as run
 
     return await run(ctx)
 
 
 async def hongbao_cluster(ctx: BenchContext) -> list[Outcome]:
-    from hongbao.bench.cluster_scenario import cluster_scenario
+    from hongbao_bench.cluster_scenario import cluster_scenario
 
     return await cluster_scenario(ctx)
 

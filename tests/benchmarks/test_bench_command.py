@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hongbao.bench.scenarios import SCENARIOS
 from hongbao.cli import app
+from hongbao_bench.scenarios import SCENARIOS
 
 POSTGRES_URL = os.environ.get(
     "HONGBAO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
