@@ -1,6 +1,6 @@
 """The competing designs, one module each; every class follows `harness.Design`."""
 
-from hongbao_bench.designs._common import DEFAULT_REDIS_URL, DesignBase
+from hongbao_bench.designs.base import DEFAULT_REDIS_URL, DesignBase
 from hongbao_bench.designs.optimistic import OptimisticDesign
 from hongbao_bench.designs.pessimistic import PessimisticDesign
 from hongbao_bench.designs.prealloc_optimistic import PreallocOptimisticDesign

@@ -22,7 +22,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from sqlalchemy import insert, select, update
 
-from hongbao_bench.designs._common import (
+from hongbao_bench.designs.base import (
     ACTIVITY_ID,
     DEFAULT_REDIS_URL,
     TAKEN,
