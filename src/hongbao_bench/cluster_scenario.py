@@ -38,17 +38,17 @@ from hongbao_bench.cluster import (
     single_server,
 )
 from hongbao_bench.cluster_worker import Job, user_name
-from hongbao_bench.harness import account
-from hongbao_bench.scenarios import (
+from hongbao_bench.common import (
     BenchContext,
     Outcome,
-    _free_port,
-    _machine_busy_seconds,
-    _problems,
     audit_packets,
     forget_packets,
+    free_port,
+    problem_note,
     send_packets,
 )
+from hongbao_bench.harness import account
+from hongbao_bench.meters import machine_busy_seconds
 
 GROUP = "hongbao-cluster"
 #: hot packets per targeted primary (its client process spreads grabs over them)
@@ -144,7 +144,7 @@ async def run_workers(
                     stderr=log,
                 )
         await asyncio.gather(*(_expect(procs[n], "ready", logs[n]) for n in procs))
-        cpu0, machine0 = cpu_by_node(admin), _machine_busy_seconds()
+        cpu0, machine0 = cpu_by_node(admin), machine_busy_seconds()
         t0 = time.perf_counter()
         for proc in procs.values():
             assert proc.stdin is not None
@@ -152,7 +152,7 @@ async def run_workers(
         await asyncio.gather(*(p.stdin.drain() for p in procs.values() if p.stdin))
         await asyncio.gather(*(_expect(procs[n], "finished", logs[n]) for n in procs))
         metered = time.perf_counter() - t0
-        cpu1, machine1 = cpu_by_node(admin), _machine_busy_seconds()
+        cpu1, machine1 = cpu_by_node(admin), machine_busy_seconds()
         await asyncio.gather(*(_expect(procs[n], "done", logs[n]) for n in procs))
         await asyncio.gather(*(p.wait() for p in procs.values()))
     finally:
@@ -231,7 +231,7 @@ async def audited(name: str, service: Hongbao, run: Run) -> Outcome:
         first_error=first_error,
     )
     status = "ok" if result.ok and not problems else "failed"
-    note = "; ".join([*problems, _problems(result)]).strip("; ")
+    note = "; ".join([*problems, problem_note(result)]).strip("; ")
     return Outcome(name, GROUP, status, result, note, figures)
 
 
@@ -244,7 +244,7 @@ async def single_node(
     if executable is None:
         note = "the primaries' server binary is not on this machine: no single-node reference"
         return Outcome(name, GROUP, "skipped", note=note)
-    port = _free_port()
+    port = free_port()
     with single_server(executable, appendonly, ctx.work_dir / "single", port) as url:
         settings = ctx.settings(max_count=per_packet)
         service = await Hongbao.connect(replace(settings, redis_url=url), migrate=True)

@@ -100,15 +100,11 @@ def bench(
 
     from hongbao.console import fail, run_async
     from hongbao_bench import report
+    from hongbao_bench.common import BenchContext, Outcome
+    from hongbao_bench.meters import peak_rss_mb
+    from hongbao_bench.profiles import profile_for
     from hongbao_bench.rounds import combine
-    from hongbao_bench.scenarios import (
-        RUNNERS,
-        SCENARIOS,
-        BenchContext,
-        Outcome,
-        peak_rss_mb,
-        profile_for,
-    )
+    from hongbao_bench.scenarios import RUNNERS, SCENARIOS
 
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, highlight=False)

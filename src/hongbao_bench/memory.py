@@ -12,7 +12,7 @@ import asyncio
 import random
 
 from hongbao.service import Hongbao
-from hongbao_bench.scenarios import (
+from hongbao_bench.common import (
     BenchContext,
     Outcome,
     audit_packets,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from hongbao_bench.common import Outcome
 from hongbao_bench.rounds import combine
-from hongbao_bench.scenarios import Outcome
 
 
 def row(name: str, rps: float | None, status: str = "ok") -> Outcome:
