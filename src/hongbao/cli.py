@@ -33,7 +33,6 @@ from hongbao.auth import (
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
 from hongbao.settings import Settings
-from hongbao_bench.command import bench
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them (`token` stays fast)
     from hongbao.storage.embedded import EmbeddedServer
@@ -486,7 +485,31 @@ def token(
     sys.stdout.flush()
 
 
-app.command("bench")(bench)
+@app.command(
+    "bench",
+    # every argument, --help included, goes to the benchmark's own command
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
+    help="Benchmark hongbao against seed 002's client, redis-benchmark and seed 003's "
+    "designs (its options: hongbao bench --help).",
+)
+def bench(ctx: typer.Context) -> None:
+    # imported here: the service's commands never load the benchmark package
+    try:
+        from hongbao_bench.command import main as run_bench
+    except ImportError as exc:
+        from rich.markup import escape  # fail() prints Rich markup: keep [bench] as text
+
+        fail(
+            escape(
+                f"hongbao bench needs the hongbao_bench package ({exc}): "
+                "install hongbao with its benchmark, pip install 'hongbao[bench]'"
+            )
+        )
+    run_bench(ctx.args, ctx.command_path)
 
 
 def main() -> None:

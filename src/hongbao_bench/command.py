@@ -1,7 +1,8 @@
 """`hongbao bench`: every scenario in one run, a table, JSON, a plot.
 
-Registered in `hongbao.cli` with ``app.command("bench")(bench)``; heavy imports wait until
-the command runs so `hongbao token` stays fast.
+`hongbao.cli` imports this module only when ``hongbao bench`` runs, and hands it every
+argument (`main`); the heavy imports wait until the bench itself runs, so that
+``hongbao bench --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -248,3 +249,10 @@ def _command_line(
         if value is not None:
             args += [flag, str(value)]
     return shlex.join(args)
+
+
+def main(args: list[str], prog_name: str) -> None:
+    """Run `bench` on command-line `args`, as ``hongbao bench ARGS`` does; exits with its code."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(bench)
+    app(args, prog_name=prog_name)
