@@ -119,6 +119,8 @@ def bench(
         unknown = [s for s in chosen if s not in SCENARIOS]
         if unknown:
             fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if plot is not None:
+        _check_plotting()
     command = _command_line(
         quick, size, scenarios, rounds, json_file, plot, markdown, redis_url, database_url
     )
@@ -198,6 +200,18 @@ def bench(
     out.print(f"done in {meta['seconds']}s", style="dim")
     if report.failed_ours(outcomes):
         raise typer.Exit(1)
+
+
+def _check_plotting() -> None:
+    """--plot needs matplotlib, an optional dependency: say so before the run, not after."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        from rich.markup import escape
+
+        from hongbao.console import fail
+
+        fail(escape(f"--plot needs matplotlib ({exc}): pip install 'hongbao[bench]'"))
 
 
 @contextlib.contextmanager

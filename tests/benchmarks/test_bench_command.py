@@ -135,3 +135,19 @@ def test_without_the_bench_package_hongbao_bench_says_how_to_install_it() -> Non
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), lines
     assert "pip install 'hongbao[bench]'" in lines[0]
+
+
+def test_plot_without_matplotlib_says_how_to_install_it_before_the_run(tmp_path: Path) -> None:
+    plot = str(tmp_path / "bench.png")
+    done = _python(
+        "import sys\n"
+        "sys.modules['matplotlib'] = None  # import matplotlib now fails\n"
+        f"sys.argv = ['hongbao', 'bench', '--size', 'tiny', '--plot', {plot!r}]\n"
+        "from hongbao.cli import main\n"
+        "main()\n"
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --plot needs matplotlib"), lines
+    assert "pip install 'hongbao[bench]'" in lines[0]
+    assert not Path(plot).exists()
