@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hongbao.bench.cluster import buckets_by_primary, cluster_admin, primaries_in_slot_order
-from hongbao.bench.cluster_scenario import PacketPool, audited, run_workers
-from hongbao.bench.cluster_worker import user_name
-from hongbao.bench.scenarios import BenchContext, profile_for
 from hongbao.cli import app
 from hongbao.service import Hongbao
+from hongbao_bench.cluster import buckets_by_primary, cluster_admin, primaries_in_slot_order
+from hongbao_bench.cluster_scenario import PacketPool, audited, run_workers
+from hongbao_bench.cluster_worker import user_name
+from hongbao_bench.common import BenchContext
+from hongbao_bench.profiles import profile_for
 from tests.cluster.conftest import _start_cluster
 from tests.servers import RedisCluster
 

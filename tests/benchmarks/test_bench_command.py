@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from hongbao.bench.scenarios import SCENARIOS
 from hongbao.cli import app
+from hongbao_bench.scenarios import SCENARIOS
 
 POSTGRES_URL = os.environ.get(
     "HONGBAO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -92,3 +94,60 @@ def test_bench_rounds_report_the_median_of_interleaved_runs(tmp_path: Path) -> N
 def test_bench_rounds_must_be_positive() -> None:
     result = CliRunner().invoke(app, ["bench", "--rounds", "0"])
     assert result.exit_code == 2 and "--rounds" in result.output
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
+    env["HONGBAO_SECRET"] = "s" * 64
+    run = [sys.executable, "-c", code]
+    return subprocess.run(run, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def test_bench_help_shows_the_bench_options() -> None:
+    result = CliRunner().invoke(app, ["bench", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "bench [OPTIONS]" in result.output
+    for option in ("--quick", "--size", "--scenarios", "--rounds", "--plot", "--redis-url"):
+        assert option in result.output
+
+
+def test_the_service_commands_do_not_load_the_bench() -> None:
+    done = _python(
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from hongbao.cli import app\n"
+        "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
+        "assert CliRunner().invoke(app, ['token', 'alice']).exit_code == 0\n"
+        "assert 'hongbao_bench' not in sys.modules, 'hongbao_bench was imported'\n"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_without_the_bench_package_hongbao_bench_says_how_to_install_it() -> None:
+    done = _python(
+        "import sys\n"
+        "sys.modules['hongbao_bench'] = None  # import hongbao_bench now fails\n"
+        "sys.argv = ['hongbao', 'bench', '--quick']\n"
+        "from hongbao.cli import main\n"
+        "main()\n"
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert "pip install 'hongbao[bench]'" in lines[0]
+
+
+def test_plot_without_matplotlib_says_how_to_install_it_before_the_run(tmp_path: Path) -> None:
+    plot = str(tmp_path / "bench.png")
+    done = _python(
+        "import sys\n"
+        "sys.modules['matplotlib'] = None  # import matplotlib now fails\n"
+        f"sys.argv = ['hongbao', 'bench', '--size', 'tiny', '--plot', {plot!r}]\n"
+        "from hongbao.cli import main\n"
+        "main()\n"
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --plot needs matplotlib"), lines
+    assert "pip install 'hongbao[bench]'" in lines[0]
+    assert not Path(plot).exists()

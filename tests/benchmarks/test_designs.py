@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hongbao.bench.designs import (
+from hongbao_bench.designs import (
     OptimisticDesign,
     PessimisticDesign,
     PreallocOptimisticDesign,
@@ -29,8 +29,8 @@ from hongbao.bench.designs import (
     RedisLockDesign,
     RedisQueueAsyncDesign,
 )
-from hongbao.bench.harness import account, percentile_ms, run_scenario, run_seed_baseline
-from hongbao.bench.results import ScenarioResult
+from hongbao_bench.harness import account, percentile_ms, run_scenario, run_seed_baseline
+from hongbao_bench.results import ScenarioResult
 from tests.conftest import need
 
 POSTGRES_URL = os.environ.get(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hongbao.bench.http_scenario import _Side, _Users
+from hongbao_bench.http_scenario import _Side, _Users
 
 
 def _run(requests: int, seconds: float, p50: int, p99: int, mean: float) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hongbao.bench.scenarios import PROFILES, profile_for
+from hongbao_bench.profiles import PROFILES, profile_for
 
 
 def test_named_profiles_are_returned_as_they_are() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hongbao.bench.rounds import combine
-from hongbao.bench.scenarios import Outcome
+from hongbao_bench.common import Outcome
+from hongbao_bench.rounds import combine
 
 
 def row(name: str, rps: float | None, status: str = "ok") -> Outcome:

@@ -13,6 +13,7 @@ import typer
 
 from hongbao.cli.serve import serve, worker
 from hongbao.cli.tools import audit, dead_letters, migrate, recover, token
+from hongbao.console import fail
 
 app = typer.Typer(
     name="hongbao",
@@ -28,6 +29,33 @@ app.command()(audit)
 app.command()(recover)
 app.command("dead-letters")(dead_letters)
 app.command()(token)
+
+
+@app.command(
+    "bench",
+    # every argument, --help included, goes to the benchmark's own command
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
+    help="Benchmark hongbao against seed 002's client, redis-benchmark and seed 003's "
+    "designs (its options: hongbao bench --help).",
+)
+def bench(ctx: typer.Context) -> None:
+    # imported here: the service's commands never load the benchmark package
+    try:
+        from hongbao_bench.command import main as run_bench
+    except ImportError as exc:
+        from rich.markup import escape  # fail() prints Rich markup: keep [bench] as text
+
+        fail(
+            escape(
+                f"hongbao bench needs the hongbao_bench package ({exc}): "
+                "install hongbao with its benchmark, pip install 'hongbao[bench]'"
+            )
+        )
+    run_bench(ctx.args, ctx.command_path)
 
 
 def main() -> None:

@@ -28,20 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hongbao.bench.harness import stop_process
-from hongbao.bench.results import ScenarioResult
-from hongbao.bench.scenarios import (
+from hongbao.service import Hongbao
+from hongbao_bench.common import (
     BenchContext,
-    CpuMeter,
     Outcome,
-    _free_port,
-    _problems,
-    _tree_cpu_seconds,
     audit_packets,
     forget_packets,
+    free_port,
+    problem_note,
     send_packets,
 )
-from hongbao.service import Hongbao
+from hongbao_bench.harness import stop_process
+from hongbao_bench.meters import CpuMeter, tree_cpu_seconds
+from hongbao_bench.results import ScenarioResult
 
 HTTP_WORKERS = 2
 #: at most this many slices a side; a slice lasts at least a second (wrk's -d)
@@ -273,7 +272,7 @@ async def _load(
     started: list[tuple[CpuMeter, float]] = []
 
     def ready() -> None:
-        started.append((CpuMeter(admin), _tree_cpu_seconds(side.pid)))
+        started.append((CpuMeter(admin), tree_cpu_seconds(side.pid)))
 
     try:
         conns = ctx.profile.http_connections
@@ -285,7 +284,7 @@ async def _load(
         meter, served0 = started[0]
         seconds_run = data["duration_us"] / 1e6
         side.cpu.append((seconds_run, meter.stop(seconds_run)))
-        side.server_seconds += _tree_cpu_seconds(side.pid) - served0
+        side.server_seconds += tree_cpu_seconds(side.pid) - served0
     finally:
         admin.close()
     side.record(data, count)
@@ -339,8 +338,8 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         per_slice = RATE_CEILING * max(1, round(secs / slices))
         uvicorn_opts = ["--workers", str(HTTP_WORKERS), "--log-level", "info"]
         # the ceiling: hello world on the same worker processes and uvicorn options
-        hello_port, grab_port = _free_port(), _free_port()
-        hello_args = [sys.executable, "-m", "hongbao.bench.hello", str(hello_port)]
+        hello_port, grab_port = free_port(), free_port()
+        hello_args = [sys.executable, "-m", "hongbao_bench.hello", str(hello_port)]
         hello_args.append(str(HTTP_WORKERS))
         serve_args = [sys.executable, "-m", "hongbao.cli", "serve", "--port", str(grab_port)]
         serve_args += ["--redis-url", ctx.redis_url, "--database-url", ctx.database_url]
@@ -405,7 +404,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         "of_hello_world_pct": round(100 * grab_totals["rps"] / hello_rps, 1) if hello_rps else 0,
     }
     ok = result.ok and grab_totals["status_errors"] == 0
-    note = "; ".join([*problems, _problems(result)]).strip("; ")
+    note = "; ".join([*problems, problem_note(result)]).strip("; ")
     out.append(
         Outcome("hongbao-http", "hongbao-http", "ok" if ok else "failed", result, note, figures)
     )

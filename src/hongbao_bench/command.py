@@ -1,7 +1,8 @@
 """`hongbao bench`: every scenario in one run, a table, JSON, a plot.
 
-Registered in `hongbao.cli` with ``app.command("bench")(bench)``; heavy imports wait until
-the command runs so `hongbao token` stays fast.
+`hongbao.cli` imports this module only when ``hongbao bench`` runs, and hands it every
+argument (`main`); the heavy imports wait until the bench itself runs, so that
+``hongbao bench --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -98,17 +99,13 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hongbao.bench import report
-    from hongbao.bench.rounds import combine
-    from hongbao.bench.scenarios import (
-        RUNNERS,
-        SCENARIOS,
-        BenchContext,
-        Outcome,
-        peak_rss_mb,
-        profile_for,
-    )
     from hongbao.console import fail, run_async
+    from hongbao_bench import report
+    from hongbao_bench.common import BenchContext, Outcome
+    from hongbao_bench.meters import peak_rss_mb
+    from hongbao_bench.profiles import profile_for
+    from hongbao_bench.rounds import combine
+    from hongbao_bench.scenarios import RUNNERS, SCENARIOS
 
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, highlight=False)
@@ -122,6 +119,8 @@ def bench(
         unknown = [s for s in chosen if s not in SCENARIOS]
         if unknown:
             fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if plot is not None:
+        _check_plotting()
     command = _command_line(
         quick, size, scenarios, rounds, json_file, plot, markdown, redis_url, database_url
     )
@@ -203,6 +202,18 @@ def bench(
         raise typer.Exit(1)
 
 
+def _check_plotting() -> None:
+    """--plot needs matplotlib, an optional dependency: say so before the run, not after."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        from rich.markup import escape
+
+        from hongbao.console import fail
+
+        fail(escape(f"--plot needs matplotlib ({exc}): pip install 'hongbao[bench]'"))
+
+
 @contextlib.contextmanager
 def _redis(url: str | None, work: Path) -> Iterator[str]:
     if url:
@@ -220,7 +231,7 @@ def _redis(url: str | None, work: Path) -> Iterator[str]:
 def _redis_kind(url: str | None) -> str:
     if not url:
         return "embedded (temporary)"
-    from hongbao.bench.cluster import is_cluster_url
+    from hongbao_bench.cluster import is_cluster_url
 
     return "external cluster" if is_cluster_url(url) else "external"
 
@@ -252,3 +263,10 @@ def _command_line(
         if value is not None:
             args += [flag, str(value)]
     return shlex.join(args)
+
+
+def main(args: list[str], prog_name: str) -> None:
+    """Run `bench` on command-line `args`, as ``hongbao bench ARGS`` does; exits with its code."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(bench)
+    app(args, prog_name=prog_name)

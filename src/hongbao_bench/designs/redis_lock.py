@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import (
+from hongbao_bench.designs.base import (
     ACTIVITY_ID,
     DEFAULT_REDIS_URL,
     SqlDesign,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import CONFLICT, SqlDesign, SqlStore
+from hongbao_bench.designs.base import CONFLICT, SqlDesign, SqlStore
 
 
 class OptimisticDesign(SqlDesign):

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from hongbao.bench.results import ScenarioResult
 from hongbao.errors import HongbaoError, PacketExhausted, PacketExpired, PacketNotFound
+from hongbao_bench.results import ScenarioResult
 
 if TYPE_CHECKING:
     from hongbao.service import Hongbao
@@ -68,7 +68,7 @@ class SyncDesign(Protocol):
 
 def seed002_script() -> str:
     """Seed 002's Lua grab script, exactly as published (see lua/seed002_grab.lua)."""
-    return (resources.files("hongbao.bench") / "lua" / "seed002_grab.lua").read_text("utf-8")
+    return (resources.files("hongbao_bench") / "lua" / "seed002_grab.lua").read_text("utf-8")
 
 
 def percentile_ms(latencies: Sequence[float], q: float) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hongbao.bench.scenarios import Outcome
+from hongbao_bench.common import Outcome
 
 #: row -> (the row it is a ratio to, the figure holding the ratio in %)
 RATIO_ROWS = {"hongbao-http": ("hello-world", "of_hello_world_pct")}

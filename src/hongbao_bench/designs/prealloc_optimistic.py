@@ -15,7 +15,7 @@ import random
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import ACTIVITY_ID, AVAILABLE, TAKEN, SqlDesign, SqlStore
+from hongbao_bench.designs.base import ACTIVITY_ID, AVAILABLE, TAKEN, SqlDesign, SqlStore
 
 
 class PreallocOptimisticDesign(SqlDesign):

@@ -22,7 +22,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from sqlalchemy import insert, select, update
 
-from hongbao.bench.designs._common import (
+from hongbao_bench.designs.base import (
     ACTIVITY_ID,
     DEFAULT_REDIS_URL,
     TAKEN,
@@ -34,7 +34,7 @@ from hongbao.bench.designs._common import (
     new_namespace,
     warm_redis,
 )
-from hongbao.bench.harness import seed002_script
+from hongbao_bench.harness import seed002_script
 
 
 class RedisQueueAsyncDesign(DesignBase, UsesRedis):

@@ -3,7 +3,7 @@
 `hongbao bench` runs it as `hongbao serve --workers 2` runs the API (the same worker
 processes and uvicorn options) and loads it with the same wrk script as the grab
 endpoint, so the ratio of the two shows what the grab itself costs.
-``python -m hongbao.bench.hello PORT WORKERS``
+``python -m hongbao_bench.hello PORT WORKERS``
 """
 
 from __future__ import annotations
@@ -33,4 +33,4 @@ if __name__ == "__main__":
 
     port, workers = int(sys.argv[1]), int(sys.argv[2])
     options = uvicorn_options("127.0.0.1", port, "info", access_log=False)
-    sys.exit(serve_workers("hongbao.bench.hello:app", workers, options))
+    sys.exit(serve_workers("hongbao_bench.hello:app", workers, options))

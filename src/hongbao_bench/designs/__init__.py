@@ -1,12 +1,12 @@
 """The competing designs, one module each; every class follows `harness.Design`."""
 
-from hongbao.bench.designs._common import DEFAULT_REDIS_URL, DesignBase
-from hongbao.bench.designs.optimistic import OptimisticDesign
-from hongbao.bench.designs.pessimistic import PessimisticDesign
-from hongbao.bench.designs.prealloc_optimistic import PreallocOptimisticDesign
-from hongbao.bench.designs.redis_list import RedisListDesign
-from hongbao.bench.designs.redis_lock import RedisLockDesign
-from hongbao.bench.designs.redis_queue_async import RedisQueueAsyncDesign
+from hongbao_bench.designs.base import DEFAULT_REDIS_URL, DesignBase
+from hongbao_bench.designs.optimistic import OptimisticDesign
+from hongbao_bench.designs.pessimistic import PessimisticDesign
+from hongbao_bench.designs.prealloc_optimistic import PreallocOptimisticDesign
+from hongbao_bench.designs.redis_list import RedisListDesign
+from hongbao_bench.designs.redis_lock import RedisLockDesign
+from hongbao_bench.designs.redis_queue_async import RedisQueueAsyncDesign
 
 #: name -> class (for ``supported_backends``; build instances with `make_design`)
 DESIGNS: dict[str, type[DesignBase]] = {

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hongbao.bench.cluster import (
+from hongbao.keys import bucket_of
+from hongbao.service import Hongbao
+from hongbao_bench.cluster import (
     Admin,
     admin_for,
     buckets_by_primary,
@@ -35,20 +37,18 @@ from hongbao.bench.cluster import (
     primaries_in_slot_order,
     single_server,
 )
-from hongbao.bench.cluster_worker import Job, user_name
-from hongbao.bench.harness import account
-from hongbao.bench.scenarios import (
+from hongbao_bench.cluster_worker import Job, user_name
+from hongbao_bench.common import (
     BenchContext,
     Outcome,
-    _free_port,
-    _machine_busy_seconds,
-    _problems,
     audit_packets,
     forget_packets,
+    free_port,
+    problem_note,
     send_packets,
 )
-from hongbao.keys import bucket_of
-from hongbao.service import Hongbao
+from hongbao_bench.harness import account
+from hongbao_bench.meters import machine_busy_seconds
 
 GROUP = "hongbao-cluster"
 #: hot packets per targeted primary (its client process spreads grabs over them)
@@ -137,14 +137,14 @@ async def run_workers(
             logs[node] = work / f"worker{i}.log"
             with logs[node].open("wb") as log:
                 procs[node] = await asyncio.create_subprocess_exec(
-                    *(sys.executable, "-m", "hongbao.bench.cluster_worker"),
+                    *(sys.executable, "-m", "hongbao_bench.cluster_worker"),
                     *(str(work / f"job{i}.json"), str(work / f"result{i}.json")),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log,
                 )
         await asyncio.gather(*(_expect(procs[n], "ready", logs[n]) for n in procs))
-        cpu0, machine0 = cpu_by_node(admin), _machine_busy_seconds()
+        cpu0, machine0 = cpu_by_node(admin), machine_busy_seconds()
         t0 = time.perf_counter()
         for proc in procs.values():
             assert proc.stdin is not None
@@ -152,7 +152,7 @@ async def run_workers(
         await asyncio.gather(*(p.stdin.drain() for p in procs.values() if p.stdin))
         await asyncio.gather(*(_expect(procs[n], "finished", logs[n]) for n in procs))
         metered = time.perf_counter() - t0
-        cpu1, machine1 = cpu_by_node(admin), _machine_busy_seconds()
+        cpu1, machine1 = cpu_by_node(admin), machine_busy_seconds()
         await asyncio.gather(*(_expect(procs[n], "done", logs[n]) for n in procs))
         await asyncio.gather(*(p.wait() for p in procs.values()))
     finally:
@@ -231,7 +231,7 @@ async def audited(name: str, service: Hongbao, run: Run) -> Outcome:
         first_error=first_error,
     )
     status = "ok" if result.ok and not problems else "failed"
-    note = "; ".join([*problems, _problems(result)]).strip("; ")
+    note = "; ".join([*problems, problem_note(result)]).strip("; ")
     return Outcome(name, GROUP, status, result, note, figures)
 
 
@@ -244,7 +244,7 @@ async def single_node(
     if executable is None:
         note = "the primaries' server binary is not on this machine: no single-node reference"
         return Outcome(name, GROUP, "skipped", note=note)
-    port = _free_port()
+    port = free_port()
     with single_server(executable, appendonly, ctx.work_dir / "single", port) as url:
         settings = ctx.settings(max_count=per_packet)
         service = await Hongbao.connect(replace(settings, redis_url=url), migrate=True)

@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from hongbao.bench.harness import stop_process
 from hongbao.keys import events_key
 from hongbao.storage import parse_hosts
+from hongbao_bench.harness import stop_process
 
 #: what the bench talks to for metering and checks: one server, or a cluster
 Admin = redis.Redis | RedisCluster

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from hongbao.bench.designs._common import (
+from hongbao_bench.designs.base import (
     DEFAULT_REDIS_URL,
     DesignBase,
     UsesRedis,

@@ -1,6 +1,6 @@
 """One client process of the hongbao-cluster scenario: `Hongbao.grab` on given packets.
 
-Run as ``python -m hongbao.bench.cluster_worker JOB.json RESULT.json``. It connects, warms
+Run as ``python -m hongbao_bench.cluster_worker JOB.json RESULT.json``. It connects, warms
 its connections, prints ``ready``, waits for a line on stdin (the start signal, sent to
 every worker at once), grabs, prints ``finished``, writes its answers to RESULT.json and
 prints ``done``.
@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hongbao.bench.harness import call_shape, engine_storm
 from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
+from hongbao_bench.harness import call_shape, engine_storm
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hongbao.bench.scenarios import Outcome
+from hongbao_bench.common import Outcome
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import random
 
-from hongbao.bench.scenarios import (
+from hongbao.service import Hongbao
+from hongbao_bench.common import (
     BenchContext,
     Outcome,
     audit_packets,
     forget_packets,
     send_packets,
 )
-from hongbao.service import Hongbao
 
 
 async def memory_scenario(ctx: BenchContext) -> list[Outcome]:

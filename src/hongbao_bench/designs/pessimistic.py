@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy.exc import IntegrityError
 
-from hongbao.bench.designs._common import SqlDesign, SqlStore
+from hongbao_bench.designs.base import SqlDesign, SqlStore
 
 #: benchmark matrix: SQLite runs (see above) but is not this design
 SUPPORTED_BACKENDS = frozenset({"postgresql", "mysql"})

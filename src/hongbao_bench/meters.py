@@ -1,0 +1,85 @@
+"""CPU and memory readers of the bench: Redis (INFO cpu), this process, the machine, a
+process tree (Linux /proc), and the peak RSS."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from hongbao_bench.cluster import Admin, cpu_by_node
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have used (Linux /proc/stat), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU used during a stretch of wall time, in % of one core: Redis (INFO cpu; on a
+    cluster the sum over the primaries, and each primary), this Python process, the whole
+    machine, and the rest (other processes: the noise)."""
+
+    def __init__(self, client: Admin) -> None:
+        self.client = client
+        self.nodes0 = cpu_by_node(client)
+        self.redis0 = sum(self.nodes0.values())
+        self.python0 = time.process_time()
+        self.machine0 = machine_busy_seconds()
+        self.wall0 = time.perf_counter()
+
+    def stop(self, wall: float | None = None, ops: int = 0) -> dict[str, Any]:
+        """Percentages; with `ops`, also CPU microseconds per operation (these do not
+        depend on how busy the machine was, unlike the rates)."""
+        seconds = wall if wall is not None else time.perf_counter() - self.wall0
+        nodes = cpu_by_node(self.client)
+        redis_s = sum(nodes.values()) - self.redis0
+        python_s = time.process_time() - self.python0
+        redis_pct, python_pct = redis_s / seconds * 100, python_s / seconds * 100
+        out: dict[str, Any] = {
+            "redis_cpu_pct": round(redis_pct, 1),
+            "python_cpu_pct": round(python_pct, 1),
+        }
+        if len(nodes) > 1:
+            out["redis_cpu_pct_by_primary"] = {
+                name: round((used - self.nodes0.get(name, used)) / seconds * 100, 1)
+                for name, used in nodes.items()
+            }
+        if ops:
+            out["redis_us_per_grab"] = round(redis_s / ops * 1e6, 2)
+            out["python_us_per_grab"] = round(python_s / ops * 1e6, 2)
+        machine = machine_busy_seconds()
+        if machine is not None and self.machine0 is not None:
+            machine_pct = (machine - self.machine0) / seconds * 100
+            out["machine_cpu_pct"] = round(machine_pct, 1)
+            out["other_cpu_pct"] = round(max(0.0, machine_pct - redis_pct - python_pct), 1)
+        return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its descendants, from /proc (Linux)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        current = todo.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(stat[11]) + int(stat[12])) / tick
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def peak_rss_mb() -> float:
+    """The most memory this process has held (its peak resident set), in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
