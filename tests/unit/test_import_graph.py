@@ -174,8 +174,7 @@ def test_imports_only_go_down_the_layers() -> None:
         f"{i.importer} ({LAYERS[layer_of(i.importer)][0]}) imports {i.target} "
         f"({LAYERS[layer_of(i.target)][0]})"
         for i in all_imports()
-        if layer_of(i.target) > layer_of(i.importer)
-        and (i.importer, i.target) != LAZY_BENCH_IMPORT
+        if layer_of(i.target) > layer_of(i.importer) and (i.importer, i.target) != LAZY_BENCH_IMPORT
     ]
     assert not upward, upward
 
