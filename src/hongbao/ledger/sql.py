@@ -7,6 +7,8 @@ reference next to the balance it changes, so a retried or replayed change is a n
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -106,6 +108,7 @@ class SqlLedger:
             kwargs["connect_args"] = {"server_settings": {"plan_cache_mode": "force_custom_plan"}}
         engine = create_async_engine(full, **kwargs)
         if engine.dialect.name == "sqlite":
+            _create_private_file(engine.url)
             _tune_sqlite(engine)
         return cls(engine)
 
@@ -333,6 +336,20 @@ class _Guard:
 
 def _balance_query(user_id: str) -> sa.Select[tuple[int]]:
     return sa.select(wallets.c.balance).where(wallets.c.user_id == user_id)
+
+
+def _create_private_file(url: sa.URL) -> None:
+    """Create a new SQLite database file readable and writable by its owner only.
+
+    Wallets and claims are nobody else's business. SQLite gives the -wal and -shm
+    files the permissions of the database file. An existing file keeps its own.
+    """
+    path = url.database
+    if not path or path == ":memory:" or path.startswith("file:") or url.query.get("uri"):
+        return
+    # exists already, or cannot be made: then SQLite reports the problem on connect
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _tune_sqlite(engine: AsyncEngine) -> None:
