@@ -11,8 +11,23 @@ metadata = sa.MetaData()
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 #: autoincrement ids: SQLite only autoincrements INTEGER PRIMARY KEY
 RowId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-UserId = sa.String(64)
-PacketId = sa.String(32)
+#: MySQL/MariaDB compare strings by their collation, case-insensitively by default, so
+#: "ALICE" would find alice's wallet. Identifiers compare byte for byte everywhere:
+#: PostgreSQL (deterministic collations) and SQLite (BINARY) do so by default.
+BINARY_COLLATION = "utf8mb4_bin"
+
+
+def identifier(length: int) -> sa.types.TypeEngine[str]:
+    """A VARCHAR for user ids, packet ids, references and keys: exact comparison."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, collation=BINARY_COLLATION), "mysql", "mariadb"
+    )
+
+
+UserId = identifier(64)
+PacketId = identifier(32)
+Reference = identifier(160)
+IdempotencyKey = identifier(128)
 
 ENTRY_KINDS = ("deposit", "send", "claim", "refund")
 STATUSES = ("active", "exhausted", "expired")
@@ -31,7 +46,7 @@ entries = sa.Table(
     metadata,
     sa.Column("id", RowId, primary_key=True, autoincrement=True),
     #: what this entry applies, e.g. "claim:<packet>:<index>"; unique, so nothing applies twice
-    sa.Column("reference", sa.String(160), nullable=False, unique=True),
+    sa.Column("reference", Reference, nullable=False, unique=True),
     sa.Column("user_id", UserId, nullable=False, index=True),
     sa.Column("kind", sa.String(16), nullable=False),
     #: signed: credits positive, debits negative
@@ -58,7 +73,7 @@ packets = sa.Table(
     sa.Column("refunded_amount", sa.BigInteger, nullable=False, server_default="0"),
     #: set once the remainder was refunded (or found to be zero) after expiry
     sa.Column("closed_at", Timestamp, nullable=True),
-    sa.Column("idempotency_key", sa.String(128), nullable=True),
+    sa.Column("idempotency_key", IdempotencyKey, nullable=True),
     sa.Column("request_hash", sa.String(64), nullable=True),
     sa.CheckConstraint("total_amount > 0", name="ck_packet_total_positive"),
     sa.CheckConstraint("count > 0", name="ck_packet_count_positive"),

@@ -115,14 +115,14 @@ class SqlLedger:
     async def aclose(self) -> None:
         await self.engine.dispose()
 
-    async def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision."""
+    async def migrate(self, revision: str = "head") -> None:
+        """Bring the schema up to an Alembic revision, the newest by default."""
         cfg = Config(str(files("hongbao.ledger").joinpath("alembic.ini")))
         cfg.set_main_option("script_location", str(files("hongbao.ledger").joinpath("migrations")))
 
         def upgrade(connection: sa.Connection) -> None:
             cfg.attributes["connection"] = connection
-            command.upgrade(cfg, "head")
+            command.upgrade(cfg, revision)
 
         async with self.engine.begin() as conn:
             await conn.run_sync(upgrade)
