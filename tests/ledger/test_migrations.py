@@ -11,16 +11,27 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from alembic.autogenerate import compare_metadata
 from alembic.config import Config
+from alembic.migration import MigrationContext
 
 from hongbao.domain.ids import new_packet_id
 from hongbao.errors import IdempotencyConflict, InsufficientBalance
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.records import utcnow
-from hongbao.ledger.schema import BINARY_COLLATION, claims, entries, packets, shares, wallets
-from hongbao.ledger.sql import PacketRecord
+from hongbao.ledger.schema import (
+    BINARY_COLLATION,
+    claims,
+    entries,
+    metadata,
+    packets,
+    shares,
+    wallets,
+)
+from hongbao.ledger.sql import PacketRecord, deposit_reference
 from tests.conftest import DATABASES, MYSQL_ADMIN, POSTGRES_ADMIN, _server_database
 
+MANY = 1100
 #: (table, column) of every identifier the binary collation covers on MySQL/MariaDB
 IDENTIFIERS = [
     ("hb_wallets", "user_id"),
@@ -50,7 +61,8 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 async def old_ledger(fresh_url: str) -> AsyncIterator[SqlLedger]:
     """A ledger at revision 0001 holding deposits, a sent packet and a claim.
 
-    Wallets: alice 1000 - 300 sent = 700, bob 50 + 100 claimed = 150; 200 held.
+    Wallets: alice 1000 - 300 sent = 700, bob 50 + 100 claimed = 150, and "many"
+    with 1 fen from each of MANY deposits (more than the migration's batch); 200 held.
     """
     ledger = SqlLedger.from_url(fresh_url)
     await ledger.migrate("0001")
@@ -72,6 +84,7 @@ async def old_ledger(fresh_url: str) -> AsyncIterator[SqlLedger]:
             [
                 {"user_id": "alice", "balance": 700, "updated_at": now},
                 {"user_id": "bob", "balance": 150, "updated_at": now},
+                {"user_id": "many", "balance": MANY, "updated_at": now},
             ],
         )
         await conn.execute(
@@ -81,6 +94,7 @@ async def old_ledger(fresh_url: str) -> AsyncIterator[SqlLedger]:
                 entry("deposit:bob:a:b", "bob", "deposit", 50),
                 entry(f"send:{pid}", "alice", "send", -300),
                 entry(f"claim:{pid}:0", "bob", "claim", 100),
+                *(entry(f"deposit:many:m-{i}", "many", "deposit", 1) for i in range(MANY)),
             ],
         )
         await conn.execute(
@@ -145,6 +159,15 @@ async def foreign_keys(ledger: SqlLedger) -> int:
         )
 
 
+async def deposit_references(ledger: SqlLedger) -> dict[str, str]:
+    """The user of every deposit entry, by its reference."""
+    async with ledger.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.select(entries.c.user_id, entries.c.reference).where(entries.c.kind == "deposit")
+        )
+        return {reference: user for user, reference in rows}
+
+
 def record(sender: str, total: int) -> PacketRecord:
     now = datetime.now(UTC)
     return PacketRecord(
@@ -167,9 +190,12 @@ async def test_old_ledger_migrates_and_keeps_its_money(old_ledger: SqlLedger) ->
     await ledger.migrate()
     assert await ledger.audit() == []
     assert (await ledger.balance("alice"), await ledger.balance("bob")) == (700, 150)
+    keys = [("alice", "d-1"), ("bob", "a:b")] + [("many", f"m-{i}") for i in range(MANY)]
+    assert await deposit_references(ledger) == {deposit_reference(u, k): u for u, k in keys}
     # deposits made before the migration are recognised when retried
     assert await ledger.deposit("alice", 1000, "d-1") == 700
     assert await ledger.deposit("bob", 50, "a:b") == 150
+    assert await ledger.deposit("many", 1, f"m-{MANY - 1}") == MANY
     with pytest.raises(IdempotencyConflict):
         await ledger.deposit("alice", 999, "d-1")
     assert await foreign_keys(ledger) == 2
@@ -189,6 +215,9 @@ async def test_downgrade_to_0001_and_up_again(old_ledger: SqlLedger) -> None:
     await ledger.deposit("carol", 40, "c-1")
     await downgrade(ledger, "0001")
     assert await ledger.audit() == []
+    references = await deposit_references(ledger)
+    assert references["deposit:carol:c-1"] == "carol" and references["deposit:bob:a:b"] == "bob"
+    assert len(references) == MANY + 3
     if ledger.dialect == "mysql":
         assert BINARY_COLLATION not in await collations(ledger)
     await ledger.migrate()
@@ -196,3 +225,16 @@ async def test_downgrade_to_0001_and_up_again(old_ledger: SqlLedger) -> None:
     assert await ledger.deposit("alice", 1000, "d-1") == 700
     assert await foreign_keys(ledger) == 2
     assert await ledger.audit() == []
+
+
+async def test_migrations_build_the_schema_of_the_code(fresh_url: str) -> None:
+    ledger = SqlLedger.from_url(fresh_url)
+    try:
+        await ledger.migrate()
+        async with ledger.engine.connect() as conn:
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(MigrationContext.configure(sync), metadata)
+            )
+        assert diff == []
+    finally:
+        await ledger.aclose()

@@ -24,10 +24,11 @@ def identifier(length: int) -> sa.types.TypeEngine[str]:
     )
 
 
+IDEMPOTENCY_KEY_LENGTH = 128
 UserId = identifier(64)
 PacketId = identifier(32)
 Reference = identifier(160)
-IdempotencyKey = identifier(128)
+IdempotencyKey = identifier(IDEMPOTENCY_KEY_LENGTH)
 
 ENTRY_KINDS = ("deposit", "send", "claim", "refund")
 STATUSES = ("active", "exhausted", "expired")
@@ -53,7 +54,10 @@ entries = sa.Table(
     sa.Column("amount", sa.BigInteger, nullable=False),
     sa.Column("packet_id", PacketId, nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
+    #: a deposit's idempotency key, unique per user; NULL for other kinds
+    sa.Column("deposit_key", IdempotencyKey, nullable=True),
     sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
+    sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
 )
 
 packets = sa.Table(

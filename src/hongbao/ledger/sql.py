@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +28,7 @@ from hongbao.errors import (
     ConfigurationError,
     IdempotencyConflict,
     InsufficientBalance,
+    InvalidRequest,
     StorageError,
 )
 from hongbao.ledger.apply import ApplyBatch
@@ -47,7 +49,14 @@ from hongbao.ledger.records import (
     to_db,
     utcnow,
 )
-from hongbao.ledger.schema import claims, entries, packets, shares, wallets
+from hongbao.ledger.schema import (
+    IDEMPOTENCY_KEY_LENGTH,
+    claims,
+    entries,
+    packets,
+    shares,
+    wallets,
+)
 
 T = TypeVar("T")
 ASYNC_DRIVERS = {
@@ -142,10 +151,17 @@ class SqlLedger:
 
         The same reference with another amount is an IdempotencyConflict.
         """
+        if not 1 <= len(reference) <= IDEMPOTENCY_KEY_LENGTH:
+            raise InvalidRequest(
+                f"a deposit reference has 1 to {IDEMPOTENCY_KEY_LENGTH} characters", "reference"
+            )
 
         async def work(conn: AsyncConnection) -> int:
-            ref = f"deposit:{user_id}:{reference}"
-            seen = await conn.scalar(sa.select(entries.c.amount).where(entries.c.reference == ref))
+            seen = await conn.scalar(
+                sa.select(entries.c.amount).where(
+                    entries.c.user_id == user_id, entries.c.deposit_key == reference
+                )
+            )
             if seen is not None and int(seen) != amount:
                 raise IdempotencyConflict(
                     "this deposit reference was used before with a different amount"
@@ -153,7 +169,9 @@ class SqlLedger:
             if seen is None:
                 await ensure_wallets(conn, [user_id])
                 await credit(conn, {user_id: amount})
-                await conn.execute(entries.insert(), [entry_row(ref, user_id, "deposit", amount)])
+                ref = deposit_reference(user_id, reference)
+                row = entry_row(ref, user_id, "deposit", amount) | {"deposit_key": reference}
+                await conn.execute(entries.insert(), [row])
             return int(await conn.scalar(_balance_query(user_id)) or 0)
 
         return await self._transaction(work)
@@ -332,6 +350,17 @@ class _Guard:
             await self._cm.__aexit__(*exc)
         except (DBAPIError, OSError) as err:
             raise StorageError(f"database: {err}") from err
+
+
+def deposit_reference(user_id: str, key: str) -> str:
+    """The ledger reference of a deposit: one per (user, key), whatever the two hold.
+
+    User ids may contain ':', so joining the two with it could make two deposits one
+    reference; the length prefix keeps the pair apart, and the hash keeps a 64-char
+    id with a 128-char key within the column.
+    """
+    pair = f"{len(user_id)}:{user_id}:{key}"
+    return "deposit:" + hashlib.sha256(pair.encode()).hexdigest()
 
 
 def _balance_query(user_id: str) -> sa.Select[tuple[int]]:
