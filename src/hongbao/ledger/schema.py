@@ -11,8 +11,24 @@ metadata = sa.MetaData()
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 #: autoincrement ids: SQLite only autoincrements INTEGER PRIMARY KEY
 RowId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-UserId = sa.String(64)
-PacketId = sa.String(32)
+#: MySQL/MariaDB compare strings by their collation, case-insensitively by default, so
+#: "ALICE" would find alice's wallet. Identifiers compare byte for byte everywhere:
+#: PostgreSQL (deterministic collations) and SQLite (BINARY) do so by default.
+BINARY_COLLATION = "utf8mb4_bin"
+
+
+def identifier(length: int) -> sa.types.TypeEngine[str]:
+    """A VARCHAR for user ids, packet ids, references and keys: exact comparison."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, collation=BINARY_COLLATION), "mysql", "mariadb"
+    )
+
+
+IDEMPOTENCY_KEY_LENGTH = 128
+UserId = identifier(64)
+PacketId = identifier(32)
+Reference = identifier(160)
+IdempotencyKey = identifier(IDEMPOTENCY_KEY_LENGTH)
 
 ENTRY_KINDS = ("deposit", "send", "claim", "refund")
 STATUSES = ("active", "exhausted", "expired")
@@ -31,14 +47,17 @@ entries = sa.Table(
     metadata,
     sa.Column("id", RowId, primary_key=True, autoincrement=True),
     #: what this entry applies, e.g. "claim:<packet>:<index>"; unique, so nothing applies twice
-    sa.Column("reference", sa.String(160), nullable=False, unique=True),
+    sa.Column("reference", Reference, nullable=False, unique=True),
     sa.Column("user_id", UserId, nullable=False, index=True),
     sa.Column("kind", sa.String(16), nullable=False),
     #: signed: credits positive, debits negative
     sa.Column("amount", sa.BigInteger, nullable=False),
     sa.Column("packet_id", PacketId, nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
+    #: a deposit's idempotency key, unique per user; NULL for other kinds
+    sa.Column("deposit_key", IdempotencyKey, nullable=True),
     sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
+    sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
 )
 
 packets = sa.Table(
@@ -58,7 +77,7 @@ packets = sa.Table(
     sa.Column("refunded_amount", sa.BigInteger, nullable=False, server_default="0"),
     #: set once the remainder was refunded (or found to be zero) after expiry
     sa.Column("closed_at", Timestamp, nullable=True),
-    sa.Column("idempotency_key", sa.String(128), nullable=True),
+    sa.Column("idempotency_key", IdempotencyKey, nullable=True),
     sa.Column("request_hash", sa.String(64), nullable=True),
     sa.CheckConstraint("total_amount > 0", name="ck_packet_total_positive"),
     sa.CheckConstraint("count > 0", name="ck_packet_count_positive"),

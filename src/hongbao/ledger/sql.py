@@ -7,6 +7,9 @@ reference next to the balance it changes, so a retried or replayed change is a n
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -25,6 +28,7 @@ from hongbao.errors import (
     ConfigurationError,
     IdempotencyConflict,
     InsufficientBalance,
+    InvalidRequest,
     StorageError,
 )
 from hongbao.ledger.apply import ApplyBatch
@@ -45,7 +49,14 @@ from hongbao.ledger.records import (
     to_db,
     utcnow,
 )
-from hongbao.ledger.schema import claims, entries, packets, shares, wallets
+from hongbao.ledger.schema import (
+    IDEMPOTENCY_KEY_LENGTH,
+    claims,
+    entries,
+    packets,
+    shares,
+    wallets,
+)
 
 T = TypeVar("T")
 ASYNC_DRIVERS = {
@@ -106,20 +117,21 @@ class SqlLedger:
             kwargs["connect_args"] = {"server_settings": {"plan_cache_mode": "force_custom_plan"}}
         engine = create_async_engine(full, **kwargs)
         if engine.dialect.name == "sqlite":
+            _create_private_file(engine.url)
             _tune_sqlite(engine)
         return cls(engine)
 
     async def aclose(self) -> None:
         await self.engine.dispose()
 
-    async def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision."""
+    async def migrate(self, revision: str = "head") -> None:
+        """Bring the schema up to an Alembic revision, the newest by default."""
         cfg = Config(str(files("hongbao.ledger").joinpath("alembic.ini")))
         cfg.set_main_option("script_location", str(files("hongbao.ledger").joinpath("migrations")))
 
         def upgrade(connection: sa.Connection) -> None:
             cfg.attributes["connection"] = connection
-            command.upgrade(cfg, "head")
+            command.upgrade(cfg, revision)
 
         async with self.engine.begin() as conn:
             await conn.run_sync(upgrade)
@@ -139,10 +151,17 @@ class SqlLedger:
 
         The same reference with another amount is an IdempotencyConflict.
         """
+        if not 1 <= len(reference) <= IDEMPOTENCY_KEY_LENGTH:
+            raise InvalidRequest(
+                f"a deposit reference has 1 to {IDEMPOTENCY_KEY_LENGTH} characters", "reference"
+            )
 
         async def work(conn: AsyncConnection) -> int:
-            ref = f"deposit:{user_id}:{reference}"
-            seen = await conn.scalar(sa.select(entries.c.amount).where(entries.c.reference == ref))
+            seen = await conn.scalar(
+                sa.select(entries.c.amount).where(
+                    entries.c.user_id == user_id, entries.c.deposit_key == reference
+                )
+            )
             if seen is not None and int(seen) != amount:
                 raise IdempotencyConflict(
                     "this deposit reference was used before with a different amount"
@@ -150,7 +169,9 @@ class SqlLedger:
             if seen is None:
                 await ensure_wallets(conn, [user_id])
                 await credit(conn, {user_id: amount})
-                await conn.execute(entries.insert(), [entry_row(ref, user_id, "deposit", amount)])
+                ref = deposit_reference(user_id, reference)
+                row = entry_row(ref, user_id, "deposit", amount) | {"deposit_key": reference}
+                await conn.execute(entries.insert(), [row])
             return int(await conn.scalar(_balance_query(user_id)) or 0)
 
         return await self._transaction(work)
@@ -331,8 +352,33 @@ class _Guard:
             raise StorageError(f"database: {err}") from err
 
 
+def deposit_reference(user_id: str, key: str) -> str:
+    """The ledger reference of a deposit: one per (user, key), whatever the two hold.
+
+    User ids may contain ':', so joining the two with it could make two deposits one
+    reference; the length prefix keeps the pair apart, and the hash keeps a 64-char
+    id with a 128-char key within the column.
+    """
+    pair = f"{len(user_id)}:{user_id}:{key}"
+    return "deposit:" + hashlib.sha256(pair.encode()).hexdigest()
+
+
 def _balance_query(user_id: str) -> sa.Select[tuple[int]]:
     return sa.select(wallets.c.balance).where(wallets.c.user_id == user_id)
+
+
+def _create_private_file(url: sa.URL) -> None:
+    """Create a new SQLite database file readable and writable by its owner only.
+
+    Wallets and claims are nobody else's business. SQLite gives the -wal and -shm
+    files the permissions of the database file. An existing file keeps its own.
+    """
+    path = url.database
+    if not path or path == ":memory:" or path.startswith("file:") or url.query.get("uri"):
+        return
+    # exists already, or cannot be made: then SQLite reports the problem on connect
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _tune_sqlite(engine: AsyncEngine) -> None:
