@@ -66,9 +66,10 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 class GrabTally(Collector):
     """Grabs by outcome and their latency, kept in plain numbers and exported when scraped.
 
-    prometheus-client's Counter.inc and Histogram.observe take a lock each, ~3.4 µs a
-    grab here; a worker's grabs all run on its one event loop thread, so the hot path
-    only adds to a dict and a list, and `collect` builds the two families at scrape time.
+    prometheus-client's Counter.inc and Histogram.observe take a lock each; a worker's
+    grabs all run on its one event loop thread and need none, so the hot path only adds
+    to a dict and a list, and `collect` builds the two families at scrape time (what this
+    saves a grab: docs/performance.md).
     """
 
     def __init__(self, shared_dir: Path | None = None) -> None:

@@ -79,10 +79,10 @@ def settle_heap() -> None:
     """Move everything alive now (modules, app, connections) out of the collector's sight.
 
     A full collection walks every tracked object: with SQLAlchemy, pydantic, Starlette
-    and redis-py loaded that took ~65 ms here, several times a minute under load, and set
-    the p99 of grab requests (79 ms; 24 ms with the startup heap frozen). Objects made
-    later are collected as usual, less often (`GC_THRESHOLDS`: two serve workers under
-    wrk, three interleaved pairs, 6,356 against 5,968 grab requests a second).
+    and redis-py loaded, tens of milliseconds, several times a minute under load, which
+    sets the p99 of grab requests. Frozen, the start-up heap is never walked again.
+    Objects made later are collected as usual, less often (`GC_THRESHOLDS`), since a grab
+    request leaves almost no cycles (figures: docs/performance.md).
     """
     gc.collect()
     gc.freeze()

@@ -1,14 +1,13 @@
 """A few Redis connections kept out of redis-py's pool for the store's script calls.
 
 Script calls are hongbao's hot path: a coalesced grab call carries dozens of grabs, and
-an HTTP worker makes thousands of calls a second. Through `Redis.execute_command`, one
-call cost ~210 µs of client CPU here, against ~80 µs for the same command sent on a
-connection directly: the pool's checkout and release (a lock, a health check,
-observability hooks) and a task per send for the socket timeout. So the store keeps up
-to `keep` idle connections of its own. Like the pool, it checks a connection for a
-stale socket (unread data, or the server gone) before reusing it; one asyncio timeout
-bounds a whole call. A connection whose call did not end with a complete reply is
-disconnected, never reused.
+an HTTP worker makes thousands of calls a second. Through `Redis.execute_command`, a call
+pays the pool's checkout and release (a lock, a health check, observability hooks) and a
+task per send for the socket timeout, more client CPU than the command itself (figures:
+docs/performance.md). So the store keeps up to `keep` idle connections of its own. Like
+the pool, it checks a connection for a stale socket (unread data, or the server gone)
+before reusing it; one asyncio timeout bounds a whole call. A connection whose call did
+not end with a complete reply is disconnected, never reused.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ def pack_command(*args: object) -> bytes | None:
     None when another type is among them, or the command name has a space (redis-py
     sends "SCRIPT LOAD" as two words): redis-py's own packing takes those.
 
-    A grab call over 8 packets has ~50 arguments: redis-py's `Connection.pack_command`
-    took ~50 µs of the worker's CPU for them (its byte string grows by one join per
-    argument). Here the whole command is one str, encoded once.
+    A grab call over 8 packets has ~50 arguments, and redis-py's `Connection.pack_command`
+    grows its byte string by one join per argument; here the whole command is one str,
+    encoded once.
     """
     if not args or type(args[0]) is not str or " " in args[0]:
         return None
