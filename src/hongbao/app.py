@@ -7,14 +7,18 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.routing import Route
 
 from hongbao.api.errors import EXCEPTION_HANDLERS
 from hongbao.api.fastpath import GrabFastPath
+from hongbao.api.headers import SecurityHeaders
 from hongbao.api.openapi import build_openapi
 from hongbao.api.routes import Api
 from hongbao.auth import secret_from_env_or_dir
@@ -28,6 +32,8 @@ ENV_DATA_DIR = "HONGBAO_DATA_DIR"
 ENV_DEMO = "HONGBAO_DEMO_MODE"
 #: the folder where the workers share their grab tallies (see `hongbao.metrics`)
 ENV_METRICS_DIR = "HONGBAO_METRICS_DIR"
+#: ``host:port`` of a /metrics listener of its own (empty: /metrics on the API's address)
+ENV_METRICS_ADDRESS = "HONGBAO_METRICS_ADDRESS"
 
 
 def create_app(
@@ -37,19 +43,23 @@ def create_app(
     run_workers: bool,
     demo_mode: bool = False,
     metrics_dir: Path | None = None,
+    metrics_address: tuple[str, int] | None = None,
 ) -> Starlette:
     """The HTTP API over a service built from `settings` when the app starts.
 
     `run_workers` also runs the persister and expiry sweeper in this process (one
     process of a deployment should, or a separate `hongbao worker`). The web app
-    (`hongbao.web`) is served at ``/``; `demo_mode` (the embedded default) adds its
-    demo sign-in endpoint ``POST /demo/token``. Workers of one server pass the same
-    `metrics_dir`, so that any of them answers ``/metrics`` with all their grabs.
+    (`hongbao.web`) is served at ``/``; `demo_mode` (``serve --demo``) adds its demo
+    sign-in endpoint ``POST /demo/token``. Workers of one server pass the same
+    `metrics_dir`, so that any of them answers ``/metrics`` with all their grabs; with
+    `metrics_address`, ``/metrics`` is served there (each worker listens on it, the port
+    shared) and not on the API's address.
     """
     api = Api(settings, secret, Metrics(metrics_dir))
     web = WebApp(api, demo_mode=demo_mode)
     api.openapi = json.dumps(
-        build_openapi(settings, demo_mode=demo_mode), ensure_ascii=False
+        build_openapi(settings, demo_mode=demo_mode, metrics=metrics_address is None),
+        ensure_ascii=False,
     ).encode()
 
     @contextlib.asynccontextmanager
@@ -62,9 +72,16 @@ def create_app(
                 if metrics_dir is not None
                 else None
             )
+            listener = (
+                await _metrics_listener(api, metrics_address)
+                if metrics_address is not None
+                else None
+            )
             try:
                 yield
             finally:
+                if listener is not None:
+                    await listener.shutdown()
                 if publisher is not None:
                     publisher.cancel()
                     await asyncio.gather(publisher, return_exceptions=True)
@@ -73,13 +90,40 @@ def create_app(
                 api.runtime = None
 
     app = Starlette(
-        routes=[*api.routes(), *web.routes()],
-        middleware=[Middleware(GrabFastPath, api=api)],
+        routes=[*api.routes(metrics=metrics_address is None), *web.routes()],
+        # the grab's fast path first (its answers carry the security headers themselves)
+        middleware=[Middleware(GrabFastPath, api=api), Middleware(SecurityHeaders)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
     app.state.api = api
     return app
+
+
+async def _metrics_listener(api: Api, address: tuple[str, int]) -> uvicorn.Server:
+    """A second listener serving only ``GET /metrics``, on `address`.
+
+    Its socket shares the port (SO_REUSEPORT) so that each worker of one server can
+    listen; any of them answers with the grabs of all (the shared metrics folder)."""
+    host, port = address
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    metrics_app = Starlette(
+        routes=[Route("/metrics", api.metrics_text, methods=["GET"])],
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
+    config = uvicorn.Config(metrics_app, lifespan="off", access_log=False, log_level="warning")
+    config.load()
+    server = uvicorn.Server(config)
+    # what Server.serve does before startup, without taking over the process's signal
+    # handlers (the API's own server has them) or running a main loop of its own
+    server.lifespan = config.lifespan_class(config)
+    await server.startup(sockets=[sock])
+    return server
 
 
 def app_from_env() -> Starlette:
@@ -89,10 +133,12 @@ def app_from_env() -> Starlette:
         os.environ.get("HONGBAO_SECRET"), Path(data_dir) if data_dir else None
     )
     metrics_dir = os.environ.get(ENV_METRICS_DIR)
+    host, _, port = os.environ.get(ENV_METRICS_ADDRESS, "").rpartition(":")
     return create_app(
         Settings.from_env(),
         secret,
         run_workers=False,
         demo_mode=os.environ.get(ENV_DEMO) == "1",
         metrics_dir=Path(metrics_dir) if metrics_dir else None,
+        metrics_address=(host, int(port)) if port else None,
     )

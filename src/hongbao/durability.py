@@ -59,6 +59,16 @@ log = logging.getLogger("hongbao.durability")
 ACK_MODES = ("redis", "aof", "replica", "ledger")
 
 
+#: the start-up check runs twice (a preflight, then the service): say it once
+_warned_no_replica = False
+
+
+def _warn_no_replica() -> None:
+    global _warned_no_replica
+    _warned_no_replica = True
+    log.warning("--ack replica: no replica connected yet; grabs will fail")
+
+
 def probe_key(bucket: int) -> str:
     """A counter in the bucket's slot, written just before each WAIT/WAITAOF."""
     return f"{PREFIX}:{bucket_tag(bucket)}:durable"
@@ -112,8 +122,8 @@ class RedisWaitDurability(Durability):
                 role, replicas = await self.store.replication()
                 if role != "master":
                     raise ConfigurationError("--ack replica needs the Redis primary")
-                if replicas < 1:
-                    log.warning("--ack replica: no replica connected yet; grabs will fail")
+                if replicas < 1 and not _warned_no_replica:
+                    _warn_no_replica()
         except StorageError as exc:
             text = str(exc)
             if "unknown command" in text.lower():

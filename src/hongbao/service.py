@@ -9,6 +9,7 @@ a crash between the two steps, or a Redis that lost its data, heals itself.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import json
 import random
@@ -22,6 +23,7 @@ from hongbao.coalescer import GrabCoalescer
 from hongbao.domain.ids import new_packet_id, require_user_id, valid_packet_id
 from hongbao.domain.models import (
     Claim,
+    ClaimPosition,
     ClaimsList,
     GrabResult,
     GrabStatus,
@@ -34,6 +36,7 @@ from hongbao.domain.models import (
 from hongbao.domain.moments import from_ms, ms
 from hongbao.domain.money import require_amount
 from hongbao.domain.splitting import split
+from hongbao.domain.text import require_greeting
 from hongbao.durability import make_durability
 from hongbao.errors import (
     HongbaoError,
@@ -58,7 +61,6 @@ _new_result = tuple.__new__
 _UNKNOWN = GrabStatus.UNKNOWN
 _GRANTED = GrabStatus.GRANTED
 
-MAX_GREETING = 200
 _RECORD_CACHE = 10_000
 #: valid packet ids seen lately and their Redis keys (the cache is cleared when full)
 _KEYS_CACHE = 16_384
@@ -81,7 +83,7 @@ class Hongbao:
         #: pass a seeded Random to reproduce splits
         self.rng = rng
         self._records: OrderedDict[str, PacketRecord] = OrderedDict()
-        self._loading: dict[str, asyncio.Task[bool]] = {}
+        self._loading: dict[str, asyncio.Task[tuple[bool, PacketRecord | None]]] = {}
         self._keys: dict[str, PacketKeys] = {}
         #: every grab reaches Redis through the coalescer (one script call for many grabs)
         self.coalescer = GrabCoalescer(
@@ -146,10 +148,7 @@ class Hongbao:
             mode = SplitMode(mode)
         except ValueError:
             raise InvalidRequest("mode must be 'lucky' or 'equal'", "mode") from None
-        if not isinstance(greeting, str) or len(greeting) > MAX_GREETING:
-            raise InvalidRequest(
-                f"greeting must be text of at most {MAX_GREETING} characters", "greeting"
-            )
+        require_greeting(greeting)
         lifetime = self.settings.default_expires_in if expires_in is None else expires_in
         if (
             isinstance(lifetime, bool)
@@ -196,10 +195,11 @@ class Hongbao:
         submit = self.coalescer.submit
         status, seq, amount, at = await submit(keys, user_id)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
-            if await self.ensure_loaded(packet_id):
+            loaded, record = await self._loaded(packet_id)
+            if loaded:
                 status, seq, amount, at = await submit(keys, user_id)
             if status is _UNKNOWN:
-                return await self._grab_from_ledger(packet_id, user_id)
+                return await self._grab_from_ledger(record, packet_id, user_id)
         if not seq:  # the user holds no share
             raise _refusal(packet_id, status)
         if self.durability.waits:
@@ -221,9 +221,10 @@ class Hongbao:
             keys = self._keys[packet_id] = self.store.keys(packet_id)
         return keys
 
-    async def _grab_from_ledger(self, packet_id: str, user_id: str) -> GrabResult:
-        """A packet Redis no longer holds (closed long ago): answer from SQL."""
-        record = await self.ledger.get_packet(packet_id)
+    async def _grab_from_ledger(
+        self, record: PacketRecord | None, packet_id: str, user_id: str
+    ) -> GrabResult:
+        """A packet Redis no longer holds (closed long ago): answer from SQL's `record`."""
         if record is None:
             raise PacketNotFound(f"no packet {packet_id}")
         for row in await self.ledger.claims_of(packet_id):
@@ -249,11 +250,14 @@ class Hongbao:
         if live is not None:
             status = _live_status(live)
             left_count, left_amount = live.shares_left, live.amount_left
+            # closed in Redis: what was left is the refund, on its way or applied
+            refunded = live.amount_left if live.closed_at_ms else 0
         else:
             fresh = await self.ledger.get_packet(packet_id) or record
             status = PacketStatus(fresh.status)
             left_count = fresh.count - fresh.claimed_count
             left_amount = fresh.total_amount - fresh.claimed_amount
+            refunded = fresh.refunded_amount
         return Packet(
             id=record.id,
             sender_id=record.sender_id,
@@ -266,10 +270,14 @@ class Hongbao:
             remaining_amount=left_amount,
             created_at=record.created_at,
             expires_at=record.expires_at,
+            refunded_amount=refunded,
         )
 
-    async def claims(self, packet_id: str) -> ClaimsList:
-        """Who got what, in grab order; best luck once every share is taken."""
+    async def claims(
+        self, packet_id: str, *, limit: int | None = None, after: ClaimPosition | None = None
+    ) -> ClaimsList:
+        """Who got what, in grab order, `limit` claims from after `after` (all by default);
+        best luck once every share is taken, and the totals, of the whole packet."""
         record = await self._record(packet_id)
         keys = self.keys_of(packet_id)
         live = await self.store.status(keys)
@@ -285,9 +293,19 @@ class Hongbao:
                 for r in await self.ledger.claims_of(packet_id)
             ]
             exhausted = len(found) == record.count
-        found.sort(key=lambda c: (c.claimed_at, c.seq))
+        found.sort(key=_grab_order)
         best = max(found, key=lambda c: c.amount, default=None) if exhausted else None
-        return ClaimsList(packet_id, found, best.user_id if best else None)
+        start = 0 if after is None else bisect.bisect_right(found, after, key=_grab_order)
+        end = len(found) if limit is None else start + limit
+        page = found[start:end]
+        return ClaimsList(
+            packet_id,
+            page,
+            best.user_id if best else None,
+            claimed_count=len(found),
+            claimed_amount=sum(c.amount for c in found),
+            next_after=_grab_order(page[-1]) if page and end < len(found) else None,
+        )
 
     # -- Redis state from the ledger -------------------------------------------------
 
@@ -299,6 +317,12 @@ class Hongbao:
         Concurrent callers for one packet share one load: after a Redis loss a storm
         on a hot packet would otherwise read its shares from SQL once per grabber.
         """
+        loaded, _ = await self._loaded(packet_id)
+        return loaded
+
+    async def _loaded(self, packet_id: str) -> tuple[bool, PacketRecord | None]:
+        """`ensure_loaded`, and the ledger's record of the packet (None: no such packet).
+        One ledger read of the packet, shared by concurrent callers."""
         loading = self._loading.get(packet_id)
         if loading is None:
             loading = asyncio.create_task(self._load_from_ledger(packet_id))
@@ -307,10 +331,10 @@ class Hongbao:
         # shielded: a caller that gives up does not cancel the load for the others
         return await asyncio.shield(loading)
 
-    async def _load_from_ledger(self, packet_id: str) -> bool:
+    async def _load_from_ledger(self, packet_id: str) -> tuple[bool, PacketRecord | None]:
         record = await self.ledger.get_packet(packet_id)
         if record is None or record.status != PacketStatus.ACTIVE or record.closed_at:
-            return False
+            return False, record
         claimed = await self.ledger.claims_of(packet_id)
         taken = {c.share_idx for c in claimed}
         unclaimed = [(i, a) for i, a in await self.ledger.shares_of(packet_id) if i not in taken]
@@ -319,7 +343,7 @@ class Hongbao:
             for c in claimed
         ]
         await self._load(record, unclaimed, earlier)
-        return True
+        return True, record
 
     async def recover(self) -> int:
         """Rebuild every open packet missing from Redis; returns how many were rebuilt."""
@@ -374,6 +398,10 @@ def _shown(value: object) -> str:
     """A value from a request, quoted and cut short for a message."""
     text = value if isinstance(value, str) else repr(value)
     return repr(text if len(text) <= 40 else text[:40] + "…")
+
+
+def _grab_order(claim: Claim) -> ClaimPosition:
+    return ClaimPosition(ms(claim.claimed_at), claim.seq)
 
 
 def _live_status(live: LiveStatus) -> PacketStatus:

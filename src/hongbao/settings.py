@@ -46,10 +46,13 @@ class Settings:
     ack_timeout_ms: int = 2_000
     #: ledger mode: most claims committed by one group-commit transaction
     ledger_ack_batch: int = 500
-    #: grabs and sends per second allowed per user / per client IP (0: no limit)
-    rate_limit_user: float = 0.0
-    rate_limit_ip: float = 0.0
-    #: requests allowed in a burst above the steady rate
+    #: grabs and sends per second allowed per user / per client IP (0: no limit); a chat
+    #: app's user grabs a few packets a second at most, while many users may share one
+    #: address (a carrier's NAT, an office, the host app's backend)
+    rate_limit_user: float = 10.0
+    rate_limit_ip: float = 1_000.0
+    #: a user's requests allowed in a burst above the steady rate (an address may burst
+    #: one second's worth of its rate, or this, whichever is more)
     rate_limit_burst: int = 20
 
     @classmethod

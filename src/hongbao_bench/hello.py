@@ -32,5 +32,5 @@ if __name__ == "__main__":
     from hongbao.serving.workers import serve_workers, uvicorn_options
 
     port, workers = int(sys.argv[1]), int(sys.argv[2])
-    options = uvicorn_options("127.0.0.1", port, "info", access_log=False)
+    options = uvicorn_options("127.0.0.1", port, "info", access_log=False, trusted_proxies=[])
     sys.exit(serve_workers("hongbao_bench.hello:app", workers, options))

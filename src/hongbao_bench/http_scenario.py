@@ -302,7 +302,13 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
     work.mkdir(parents=True)
     secret = secrets.token_hex(32)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
-    env.update(HONGBAO_SECRET=secret, PYTHONUNBUFFERED="1")
+    # the load comes from one address on purpose: rate limits off
+    env.update(
+        HONGBAO_SECRET=secret,
+        HONGBAO_RATE_LIMIT_USER="0",
+        HONGBAO_RATE_LIMIT_IP="0",
+        PYTHONUNBUFFERED="1",
+    )
     # enough distinct users (and shares) for the measured run at a generous rate
     users_needed = int(max(2_000, RATE_CEILING * p.http_seconds))
     warm_users = 2_000

@@ -28,6 +28,10 @@ def command() -> list[str]:
     return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hongbao.cli"]
 
 
+#: tests load one server from one address: the default rate limits would refuse them
+NO_RATE_LIMITS = {"HONGBAO_RATE_LIMIT_USER": "0", "HONGBAO_RATE_LIMIT_IP": "0"}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without HONGBAO_* settings (the embedded default), plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
@@ -100,9 +104,16 @@ class Serve:
     """`hongbao serve --data-dir DIR --port PORT` as a subprocess."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, *args: str, launcher: list[str] | None = None
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *args: str,
+        launcher: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: settings in the environment, over the tests' defaults
+        self.env = env or {}
         self.port = port or free_port()
         self.args = args
         #: what runs the CLI (default: the `hongbao` command)
@@ -130,7 +141,7 @@ class Serve:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=clean_env(),
+                env=clean_env(**{**NO_RATE_LIMITS, **self.env}),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

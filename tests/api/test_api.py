@@ -27,6 +27,7 @@ PACKET_KEYS = {
     "status",
     "remaining_count",
     "remaining_amount",
+    "refunded_amount",
     "created_at",
     "expires_at",
 }
@@ -185,7 +186,14 @@ async def test_claims_before_exhaustion_have_no_best_luck(client: httpx.AsyncCli
     await deposit(client, "alice", 1000)
     pid = (await send(client, "alice", total_amount=100, count=2))["id"]
     r = await client.get(f"/v1/packets/{pid}/claims", headers=bearer("x"))
-    assert r.json() == {"packet_id": pid, "claims": [], "best_luck": None}
+    assert r.json() == {
+        "packet_id": pid,
+        "claims": [],
+        "best_luck": None,
+        "claimed_count": 0,
+        "claimed_amount": 0,
+        "next_cursor": None,
+    }
     await client.post(f"/v1/packets/{pid}/grab", headers=bearer("x"))
     r = await client.get(f"/v1/packets/{pid}/claims", headers=bearer("x"))
     assert len(r.json()["claims"]) == 1 and r.json()["best_luck"] is None
@@ -427,10 +435,6 @@ async def test_413_body_too_large(client: httpx.AsyncClient) -> None:
         pytest.param(json.dumps(SEND_OK), None, id="no-content-type"),
         pytest.param(json.dumps(SEND_OK), "text/plain", id="text-plain"),
         pytest.param("total_amount=1000&count=10", "application/x-www-form-urlencoded", id="form"),
-        pytest.param("{not json", "application/json", id="broken-json"),
-        pytest.param("", "application/json", id="empty-body"),
-        pytest.param(b"\xff\xfe\x00", "application/json", id="not-utf8"),
-        pytest.param("[" * 5000 + "]" * 5000, "application/json", id="deeply-nested"),
     ],
 )
 async def test_415_not_json(
@@ -445,6 +449,29 @@ async def test_415_not_json(
     admin = {**ADMIN, **({"content-type": content_type} if content_type else {})}
     r = await client.post("/v1/wallets/alice/deposits", content=content, headers=admin)
     problem(r, 415, "unsupported_media_type")
+    assert await balance(client, "alice") == 10_000
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param("{not json", id="broken-json"),
+        pytest.param("", id="empty-body"),
+        pytest.param(b"\xff\xfe\x00", id="not-utf8"),
+        pytest.param("[" * 5000 + "]" * 5000, id="deeply-nested"),
+        pytest.param('{"amount": ' + "9" * 5000 + "}", id="number-too-long"),
+    ],
+)
+async def test_400_malformed_json(client: httpx.AsyncClient, content: str | bytes) -> None:
+    """A body declared JSON that is not: 400 `malformed_json`, saying what is wrong."""
+    await deposit(client, "alice", 10_000)
+    headers = {**bearer("alice"), "content-type": "application/json"}
+    r = await client.post("/v1/packets", content=content, headers=headers)
+    body = problem(r, 400, "malformed_json")
+    assert body["detail"].startswith("the body is not valid JSON")
+    admin = {**ADMIN, "content-type": "application/json"}
+    r = await client.post("/v1/wallets/alice/deposits", content=content, headers=admin)
+    problem(r, 400, "malformed_json")
     assert await balance(client, "alice") == 10_000
 
 
@@ -565,4 +592,12 @@ def test_demo_sign_in_is_documented_in_demo_mode_only() -> None:
 
     assert "/demo/token" not in build_openapi(Settings())["paths"]
     demo = build_openapi(Settings(), demo_mode=True)["paths"]["/demo/token"]["post"]
-    assert demo["security"] == [] and set(demo["responses"]) == {"201", "413", "415", "422", "503"}
+    assert demo["security"] == [] and set(demo["responses"]) == {
+        "201",
+        "400",
+        "413",
+        "415",
+        "422",
+        "429",
+        "503",
+    }

@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from hongbao.auth import issue_tokens
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import claims, entries, packets, wallets
-from tests.api.serving import clean_env, command
+from tests.api.serving import NO_RATE_LIMITS, clean_env, command
 from tests.servers import RedisNode, _valkey_bin, find_server_binary, free_port
 
 SECRET = "fault-tests-secret-0123456789abcdef0123456789"
@@ -201,6 +201,7 @@ class Stack:
             HONGBAO_SWEEP_INTERVAL="0.3",
             HONGBAO_ACK_MODE=self.ack,
             HONGBAO_ACK_TIMEOUT_MS="3000",
+            **NO_RATE_LIMITS,
             **extra,
         )
 

@@ -1,8 +1,8 @@
 """The web page in a real browser: Playwright driving Debian's Chromium (headless).
 
-`hongbao serve` runs as a subprocess (the embedded default, so demo sign-in is on).
+`hongbao serve --demo` runs as a subprocess (the embedded default, demo sign-in on).
 No browser is downloaded: Chromium comes from the system (``apt-get install chromium``,
-done by scripts/setup); HONGBAO_TEST_CHROMIUM overrides its path. Outside CI a missing
+done by scripts/test); HONGBAO_TEST_CHROMIUM overrides its path. Outside CI a missing
 Chromium or Playwright skips these tests; with CI=true it fails them.
 
 Screenshots of the main screens go to test-artifacts/web/.
@@ -65,7 +65,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    with Serve(tmp_path_factory.mktemp("web") / "data") as s:
+    with Serve(tmp_path_factory.mktemp("web") / "data", None, "--demo") as s:
         yield s
 
 
@@ -168,7 +168,7 @@ def test_send_three_grab_live_fourth_is_too_late(
         got[name] = fen
         # the sender's page, open all along, sees each claim arrive without a reload
         expect(claim_rows(alice)).to_have_count(i)
-        expect(alice.locator(f"[data-testid=claims] li[data-user={name}]")).to_have_attribute(
+        expect(alice.locator(f"[data-testid=claims] li[data-user=demo-{name}]")).to_have_attribute(
             "data-fen", str(fen)
         )
         no_horizontal_scroll(page)
@@ -179,14 +179,14 @@ def test_send_three_grab_live_fourth_is_too_late(
     expect(alice.get_by_test_id("summary")).to_contain_text("3/3")
     expect(alice.get_by_test_id("summary")).to_contain_text("¥10.00/¥10.00")
     expect(alice.get_by_test_id("best-luck")).to_have_count(1)
-    expect(alice.locator("li.best")).to_have_attribute("data-user", best)
+    expect(alice.locator("li.best")).to_have_attribute("data-user", f"demo-{best}")
     expect(alice.get_by_test_id("outcome")).to_have_text("红包已被领完")
     shot(alice, "05-sender-live-claims")
     for name, page in pages.items():  # every page shows the same, right amounts
         expect(page.get_by_test_id("my-amount")).to_have_attribute("data-fen", str(got[name]))
         expect(claim_rows(page)).to_have_count(3)
         for other, fen in got.items():
-            row = page.locator(f"[data-testid=claims] li[data-user={other}]")
+            row = page.locator(f"[data-testid=claims] li[data-user=demo-{other}]")
             expect(row).to_have_attribute("data-fen", str(fen))
             expect(row.locator(".claim-amount")).to_have_text(f"¥{fen // 100}.{fen % 100:02d}")
         expect(page.get_by_test_id("best-luck")).to_have_count(1)
@@ -410,7 +410,14 @@ def test_event_stream_and_demo_endpoint(server: Serve) -> None:
     _validate(doc, sign_in["application/json"]["schema"], signed_in.json())
     assert data["packet"]["id"] == packet_id
     assert data["packet"]["remaining_count"] == 1
-    assert data["claims"] == {"packet_id": packet_id, "claims": [], "best_luck": None}
+    assert data["claims"] == {
+        "packet_id": packet_id,
+        "claims": [],
+        "best_luck": None,
+        "claimed_count": 0,
+        "claimed_amount": 0,
+        "next_cursor": None,
+    }
     # demo sign-in: a token, and 100 yuan once per name
     first = httpx.post(f"{server.url}/demo/token", json={"name": "leo"})
     again = httpx.post(f"{server.url}/demo/token", json={"name": "leo"})
@@ -442,3 +449,23 @@ def _validate(doc: dict[str, Any], schema: dict[str, Any], value: Any) -> None:
 
     root = {**schema, "components": doc["components"]}
     jsonschema_rs.Draft202012Validator(root, validate_formats=True).validate(value)
+
+
+def test_an_expired_packet_says_its_money_went_back(
+    browser: Any, server: Serve, contexts: list[Any]
+) -> None:
+    from playwright.sync_api import expect
+
+    signed_in = httpx.post(f"{server.url}/demo/token", json={"name": "olga"})
+    token = signed_in.json()["token"]
+    sent = httpx.post(
+        f"{server.url}/v1/packets",
+        headers={"Authorization": f"Bearer {token}"},
+        json={"total_amount": 300, "count": 3, "mode": "equal", "expires_in": 1},
+    )
+    assert sent.status_code == 201, sent.text
+    page = phone(browser, contexts, "en-US")
+    page.goto(f"{server.url}/p/{sent.json()['id']}")
+    sign_in(page, "olga")
+    outcome = page.get_by_test_id("outcome")
+    expect(outcome).to_contain_text("¥3.00 returned to the sender", timeout=15_000)

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from hongbao.api.headers import SECURITY_HEADER_TEXT
 from hongbao.errors import (
     AuthError,
     Forbidden,
@@ -92,10 +93,12 @@ def problem(
     }
     if field is not None:
         body["field"] = field
+    # the security headers ride here too: a 500 from Starlette's outermost error
+    # middleware, and the grab fast path's refusals, pass no middleware that adds them
     return Response(
         json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
         status_code=status,
-        headers=headers,
+        headers={**SECURITY_HEADER_TEXT, **(headers or {})},
         media_type=PROBLEM_TYPE,
     )
 
@@ -159,10 +162,15 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
 
 def _detail(exc: HTTPException, request: Request) -> str:
     if exc.status_code == 404:
-        return f"no route for {request.url.path}"
+        return f"no route for {shorten(request.url.path)}"
     if exc.status_code == 405:
-        return f"{request.method} is not allowed on {request.url.path}"
+        return f"{request.method} is not allowed on {shorten(request.url.path)}"
     return str(exc.detail)
+
+
+def shorten(text: str, most: int = 80) -> str:
+    """Text from a request, cut short for a message."""
+    return text if len(text) <= most else text[:most] + "…"
 
 
 EXCEPTION_HANDLERS = {

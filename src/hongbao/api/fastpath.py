@@ -4,15 +4,16 @@ A grab is the one request that comes in storms, and every await in it resumes th
 each ASGI layer above it. This middleware sits right under Starlette's error middleware
 (so an unexpected error still becomes the 500 problem document) and hands the grab
 straight to `Api.grab_answer`, the same code the routed endpoint runs. A granted grab's
-200 is sent as two ASGI messages built here (a Starlette Response object cost as much
-again as the rest of the answer). Everything else, and any path it does not recognise
-exactly, goes on to the router unchanged.
+200 is sent as two ASGI messages built here, with the headers every response carries
+(see docs/performance.md for what a Starlette Response object would cost). Everything
+else, and any path it does not recognise exactly, goes on to the router unchanged.
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hongbao.api.headers import SECURITY_HEADERS
 from hongbao.api.routes import Api
 
 _PREFIX = "/v1/packets/"
@@ -39,7 +40,7 @@ class GrabFastPath:
         client = scope.get("client")
         answer = await self.api.grab_answer(packet_id, authorization, client[0] if client else None)
         if isinstance(answer, bytes):
-            headers = [(b"content-length", b"%d" % len(answer)), _JSON]
+            headers = [(b"content-length", b"%d" % len(answer)), _JSON, *SECURITY_HEADERS]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": answer})
         else:

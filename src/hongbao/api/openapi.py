@@ -9,7 +9,12 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 import hongbao
 from hongbao.api.errors import PROBLEM_TYPE
-from hongbao.api.routes import IDEMPOTENCY_KEY_PATTERN, MAX_BODY
+from hongbao.api.routes import (
+    DEFAULT_CLAIMS_PAGE,
+    IDEMPOTENCY_KEY_PATTERN,
+    MAX_BODY,
+    MAX_CLAIMS_PAGE,
+)
 from hongbao.api.schemas import (
     AdminStats,
     ClaimsOut,
@@ -44,6 +49,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
 ]
 
 _ERRORS = {
+    400: "the body is declared JSON but is not valid JSON (`malformed_json`)",
     401: "missing, malformed, forged or expired bearer token (`unauthorized`)",
     403: "not allowed for this caller (`forbidden`)",
     404: "no such packet (`packet_not_found`) or no such route (`not_found`)",
@@ -57,8 +63,11 @@ _ERRORS = {
 }
 
 
-def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, Any]:
-    """The document; `demo_mode` (the embedded default) adds ``POST /demo/token``."""
+def build_openapi(
+    settings: Settings, *, demo_mode: bool = False, metrics: bool = True
+) -> dict[str, Any]:
+    """The document; `demo_mode` (``serve --demo``) adds ``POST /demo/token``; `metrics`
+    False leaves out ``/metrics`` (served on an address of its own)."""
     _, defs = models_json_schema(_MODELS, ref_template=REF)
     schemas: dict[str, Any] = defs["$defs"]
     limits = settings.split_limits
@@ -80,6 +89,25 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
         "description": "retrying with the same key repeats the first answer, changing nothing",
         "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 128},
     }
+    claims_limit = {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "claims in the page",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_CLAIMS_PAGE,
+            "default": DEFAULT_CLAIMS_PAGE,
+        },
+    }
+    claims_cursor = {
+        "name": "cursor",
+        "in": "query",
+        "required": False,
+        "description": "the `next_cursor` of the previous page",
+        "schema": {"type": "string"},
+    }
     paths: dict[str, Any] = {
         "/v1/wallets/{user_id}/deposits": {
             "post": _op(
@@ -89,7 +117,7 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
                 _body("DepositRequest"),
                 201,
                 "WalletOut",
-                [401, 403, 404, 409, 413, 415, 422, 503],
+                [400, 401, 403, 404, 409, 413, 415, 422, 503],
             )
         },
         "/v1/wallets/{user_id}": {
@@ -111,7 +139,7 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
                 _body("SendRequest"),
                 201,
                 "PacketOut",
-                [401, 404, 409, 413, 415, 422, 429, 503],
+                [400, 401, 404, 409, 413, 415, 422, 429, 503],
             )
         },
         "/v1/packets/{packet_id}": {
@@ -139,12 +167,12 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
         "/v1/packets/{packet_id}/claims": {
             "get": _op(
                 "getClaims",
-                "Who got what, in grab order",
-                [packet],
+                "Who got what, in grab order, a page at a time",
+                [packet, claims_limit, claims_cursor],
                 None,
                 200,
                 "ClaimsOut",
-                [401, 404, 503],
+                [401, 404, 422, 503],
             )
         },
         "/v1/packets/{packet_id}/events": {"get": _events(packet)},
@@ -165,19 +193,6 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
                 "readyz", "Redis and the database answer", {200: "Health", 503: "Problem"}
             )
         },
-        "/metrics": {
-            "get": {
-                "operationId": "metrics",
-                "summary": "Prometheus metrics",
-                "security": [],
-                "responses": {
-                    "200": {
-                        "description": "Prometheus text format",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
-                },
-            }
-        },
         "/openapi.json": {
             "get": {
                 "operationId": "openapi",
@@ -192,6 +207,20 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
             }
         },
     }
+    if metrics:
+        paths["/metrics"] = {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        }
     if demo_mode:
         sign_in = _op(
             "demoToken",
@@ -200,7 +229,7 @@ def build_openapi(settings: Settings, *, demo_mode: bool = False) -> dict[str, A
             _body("DemoSignIn"),
             201,
             "DemoTokenOut",
-            [413, 415, 422, 503],
+            [400, 413, 415, 422, 429, 503],
         )
         paths["/demo/token"] = {"post": {**sign_in, "security": []}}
     return {

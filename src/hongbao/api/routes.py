@@ -20,10 +20,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hongbao.api.errors import ApiError, error_response, problem
+from hongbao.api.headers import SECURITY_HEADER_TEXT
 from hongbao.api.schemas import (
     DepositRequest,
     SendRequest,
     claims_json,
+    claims_position,
     grab_json,
     packet_json,
     wallet_json,
@@ -48,6 +50,9 @@ from hongbao.settings import Settings
 M = TypeVar("M", bound=BaseModel)
 
 MAX_BODY = 16 * 1024
+#: claims per page of GET /v1/packets/{id}/claims: by default, and at most
+DEFAULT_CLAIMS_PAGE = 100
+MAX_CLAIMS_PAGE = 1_000
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 PING_TIMEOUT = 2.0
@@ -69,8 +74,9 @@ class Api:
             raise StorageError("the service is not started")
         return self.runtime.service
 
-    def routes(self) -> list[Route]:
-        return [
+    def routes(self, *, metrics: bool = True) -> list[Route]:
+        """The API's routes; `metrics` False leaves /metrics to a listener of its own."""
+        routes = [
             # the hot path first: a request is matched against the routes in order
             Route("/v1/packets/{packet_id}/grab", self.grab, methods=["POST"]),
             Route("/v1/wallets/{user_id}/deposits", self.deposit, methods=["POST"]),
@@ -80,9 +86,11 @@ class Api:
             Route("/v1/packets/{packet_id}/claims", self.claims, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
-            Route("/metrics", self.metrics_text, methods=["GET"]),
             Route("/openapi.json", self.openapi_json, methods=["GET"]),
         ]
+        if metrics:
+            routes.append(Route("/metrics", self.metrics_text, methods=["GET"]))
+        return routes
 
     # -- /v1 ----------------------------------------------------------------------------------
 
@@ -141,7 +149,8 @@ class Api:
         )
         if isinstance(answer, Response):
             return answer
-        return Response(answer, media_type="application/json")
+        # the headers the fast path's answer carries, in its order
+        return Response(answer, media_type="application/json", headers=SECURITY_HEADER_TEXT)
 
     async def grab_answer(
         self, packet_id: str, authorization: str | None, client_ip: str | None
@@ -164,7 +173,13 @@ class Api:
 
     async def claims(self, request: Request) -> Response:
         self.caller(request)
-        claims = await self.service.claims(request.path_params["packet_id"])
+        limit = _query_int(request, "limit", DEFAULT_CLAIMS_PAGE, 1, MAX_CLAIMS_PAGE)
+        cursor = request.query_params.get("cursor")
+        claims = await self.service.claims(
+            request.path_params["packet_id"],
+            limit=limit,
+            after=claims_position(cursor) if cursor else None,
+        )
         return JSONResponse(claims_json(claims))
 
     async def limit(self, ip: str | None, action: str, user_id: str) -> None:
@@ -235,10 +250,7 @@ async def read_json(request: Request, model: type[M]) -> M:
         if size > MAX_BODY:
             raise _too_large()
         chunks.append(chunk)
-    try:
-        data: Any = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):
-        raise ApiError(415, "unsupported_media_type", "the body is not valid JSON") from None
+    data = parse_json(b"".join(chunks))
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -247,24 +259,74 @@ async def read_json(request: Request, model: type[M]) -> M:
         raise InvalidRequest(detail, field) from None
 
 
+def parse_json(body: bytes) -> Any:
+    """The JSON value of a body; 400 `malformed_json` saying what is wrong with it."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        reason = "it nests too deep"
+    except UnicodeDecodeError:
+        reason = "it is not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        reason = str(exc)
+    except ValueError as exc:  # an integer of more digits than Python converts
+        reason = f"a number is too long ({exc})"
+    raise ApiError(400, "malformed_json", f"the body is not valid JSON: {reason}")
+
+
 def _too_large() -> ApiError:
     return ApiError(413, "payload_too_large", f"the body must be at most {MAX_BODY} bytes")
 
 
 def _describe(error: ErrorDetails) -> tuple[str, str]:
+    """The field and a sentence for the first thing wrong in a body."""
     field = ".".join(str(part) for part in error["loc"]) or "body"
     kind = error["type"]
+    ctx = error.get("ctx") or {}
     if kind == "missing":
         return field, f"{field} is required"
     if kind == "extra_forbidden":
         return field, f"unknown field {field}"
     if kind == "model_type":
         return field, "the body must be a JSON object"
-    if kind == "int_type":
+    if kind in ("int_type", "int_parsing", "int_from_float"):
         return field, f"{field} must be an integer"
-    if kind == "string_type":
+    if kind in ("string_type", "string_unicode"):
         return field, f"{field} must be a string"
-    return field, f"{field}: {error['msg']}"
+    if kind == "greater_than_equal":
+        return field, f"{field} must be at least {ctx.get('ge')}"
+    if kind == "greater_than":
+        return field, f"{field} must be more than {ctx.get('gt')}"
+    if kind == "less_than_equal":
+        return field, f"{field} must be at most {ctx.get('le')}"
+    if kind == "less_than":
+        return field, f"{field} must be less than {ctx.get('lt')}"
+    if kind == "string_too_long":
+        return field, f"{field} must be at most {ctx.get('max_length')} characters"
+    if kind == "string_too_short":
+        return field, f"{field} must be at least {ctx.get('min_length')} characters"
+    if kind == "literal_error":
+        return field, f"{field} must be one of {ctx.get('expected')}"
+    if kind == "string_pattern_mismatch":
+        return field, PATTERN_SENTENCES.get(field, f"{field} has characters that are not allowed")
+    return field, f"{field} is not valid"
+
+
+#: what a field's pattern allows, said in words
+PATTERN_SENTENCES = {
+    "greeting": "greeting may not contain control or text-direction characters",
+    "name": "name must be 1-64 characters of letters, digits and _ . : @ -",
+}
+
+
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter within [low, high]; 422 naming it otherwise."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or not low <= int(raw) <= high:
+        raise InvalidRequest(f"{name} must be a whole number from {low} to {high}", name)
+    return int(raw)
 
 
 def _client_ip(request: Request) -> str | None:

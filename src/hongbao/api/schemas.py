@@ -7,6 +7,7 @@ the hot path, and the response models below exist for the OpenAPI document
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -14,13 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hongbao.auth import USER_ID_PATTERN
 from hongbao.domain.ids import PACKET_ID_PATTERN
-from hongbao.domain.models import ClaimsList, GrabResult, Packet, Wallet
+from hongbao.domain.models import ClaimPosition, ClaimsList, GrabResult, Packet, Wallet
+from hongbao.domain.text import GREETING_PATTERN, MAX_GREETING
+from hongbao.errors import InvalidRequest
 
 #: the largest single deposit, fen (100 million yuan); keeps wallets far from BIGINT overflow
 MAX_DEPOSIT = 10_000_000_000
-MAX_GREETING = 200
-#: greeting text: no control characters except tab, newline and carriage return
-GREETING_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 
 UserId = Annotated[str, Field(pattern=USER_ID_PATTERN, examples=["alice"])]
 PacketId = Annotated[str, Field(pattern=PACKET_ID_PATTERN.pattern)]
@@ -68,6 +68,9 @@ class PacketOut(BaseModel):
     status: Literal["active", "exhausted", "expired"]
     remaining_count: int = Field(ge=0)
     remaining_amount: Fen
+    refunded_amount: Fen = Field(
+        description="fen returned to the sender after the packet closed with shares left"
+    )
     created_at: datetime
     expires_at: datetime
 
@@ -89,9 +92,14 @@ class ClaimOut(BaseModel):
 
 class ClaimsOut(BaseModel):
     packet_id: PacketId
-    claims: list[ClaimOut]
+    claims: list[ClaimOut] = Field(description="one page, in grab order")
     best_luck: UserId | None = Field(
         description="who got the largest share, once every share is taken; else null"
+    )
+    claimed_count: int = Field(ge=0, description="claims in the whole packet")
+    claimed_amount: Fen = Field(description="fen claimed in the whole packet")
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next page; null on the last page"
     )
 
 
@@ -113,12 +121,16 @@ class Health(BaseModel):
 # -- the web app's JSON endpoints (hongbao.web) --------------------------------------------
 
 
+#: a demo sign-in's name; the user is ``demo-<name>``
+DEMO_NAME_PATTERN = r"^[A-Za-z0-9_.@-]{1,32}$"
+
+
 class DemoSignIn(_Strict):
-    name: UserId
+    name: str = Field(pattern=DEMO_NAME_PATTERN, examples=["alice"])
 
 
 class DemoTokenOut(BaseModel):
-    token: str = Field(description="a user token for `name`")
+    token: str = Field(description="a user token for the demo user `demo-<name>`")
     user_id: UserId
     balance: Fen = Field(description="the wallet after the first sign-in's demo deposit")
 
@@ -168,6 +180,7 @@ def packet_json(p: Packet) -> dict[str, Any]:
         "status": p.status.value,
         "remaining_count": p.remaining_count,
         "remaining_amount": p.remaining_amount,
+        "refunded_amount": p.refunded_amount,
         "created_at": iso(p.created_at),
         "expires_at": iso(p.expires_at),
     }
@@ -196,4 +209,26 @@ def claims_json(c: ClaimsList) -> dict[str, Any]:
             for x in c.claims
         ],
         "best_luck": c.best_luck,
+        "claimed_count": c.claimed_count,
+        "claimed_amount": c.claimed_amount,
+        "next_cursor": None if c.next_after is None else claims_cursor(c.next_after),
     }
+
+
+def claims_cursor(position: ClaimPosition) -> str:
+    """An opaque cursor: where in grab order a page of claims ends."""
+    text = f"{position.claimed_at_ms}.{position.seq}".encode()
+    return base64.urlsafe_b64encode(text).rstrip(b"=").decode()
+
+
+def claims_position(cursor: str) -> ClaimPosition:
+    """The position a cursor names; InvalidRequest if it is not one `claims_cursor` made."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+        at, seq = text.split(".")
+        position = ClaimPosition(int(at), int(seq))
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("cursor is not one this API returned", "cursor") from None
+    if claims_cursor(position) != cursor:
+        raise InvalidRequest("cursor is not one this API returned", "cursor")
+    return position

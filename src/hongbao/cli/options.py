@@ -40,9 +40,10 @@ LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error.")]
 
 
 def safe_url(url: str) -> str:
-    """A URL without its password."""
+    """A URL without its password (a URL with none is shown as it is)."""
     head, sep, tail = url.rpartition("@")
     if not sep:
         return url
     scheme, _, cred = head.partition("://")
-    return f"{scheme}://{cred.split(':', 1)[0]}:***@{tail}"
+    user, has_password, _ = cred.partition(":")
+    return f"{scheme}://{user}{':***' if has_password else ''}@{tail}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -71,6 +72,32 @@ def _check_connect(settings: Settings) -> None:
 
 
 # -- serve ------------------------------------------------------------------------------------
+
+DEMO_BANNER = (
+    "DEMO MODE: anyone who reaches this server can sign in as demo-<name> and gets 100 yuan "
+    "of play money. Never run it with real money."
+)
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_trusted_proxies(text: str) -> list[str]:
+    """The addresses and networks of --trusted-proxies; exit 2 naming a malformed one."""
+    proxies = [part.strip() for part in text.split(",") if part.strip()]
+    for proxy in proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            fail(f"--trusted-proxies: {proxy!r} is not an address or a network (CIDR)")
+    return proxies
 
 
 class BackgroundWorkers:
@@ -144,13 +171,68 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="Demo sign-in: anyone may sign in as demo-<name> with 100 yuan of play money.",
+        ),
+    ] = False,
+    demo_public: Annotated[
+        bool,
+        typer.Option("--demo-public", help="Allow --demo on an address other than loopback."),
+    ] = False,
+    trusted_proxies: Annotated[
+        str,
+        typer.Option(
+            "--trusted-proxies",
+            envvar="HONGBAO_TRUSTED_PROXIES",
+            help="Comma-separated addresses or CIDRs of proxies whose X-Forwarded-For "
+            "names the client (default: none; the socket peer is the client).",
+        ),
+    ] = "",
+    metrics_host: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-host",
+            envvar="HONGBAO_METRICS_HOST",
+            help="Serve /metrics on this address only (with --metrics-port), not on the API's.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="HONGBAO_METRICS_PORT",
+            min=1,
+            max=65535,
+            help="Port of the /metrics listener (with --metrics-host, default 127.0.0.1).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP API (with no Redis URL: an embedded server and SQLite under --data-dir)."""
     import uvicorn
 
-    from hongbao.app import ENV_DATA_DIR, ENV_DEMO, ENV_METRICS_DIR, create_app
+    from hongbao.app import (
+        ENV_DATA_DIR,
+        ENV_DEMO,
+        ENV_METRICS_ADDRESS,
+        ENV_METRICS_DIR,
+        create_app,
+    )
     from hongbao.serving.workers import serve_workers, uvicorn_options, workers_folder
 
+    if demo and not demo_public and not is_loopback(host):
+        fail(
+            f"--demo on {host} lets anyone on the network sign in with play money; "
+            "add --demo-public if that is what you want"
+        )
+    proxies = parse_trusted_proxies(trusted_proxies)
+    metrics_address = None if metrics_port is None else (metrics_host or "127.0.0.1", metrics_port)
+    if metrics_host is not None and metrics_port is None:
+        fail("--metrics-host needs --metrics-port")
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
     if ack is not None:
@@ -194,10 +276,19 @@ def serve(
             markup=True,
             soft_wrap=True,
         )
-        options = uvicorn_options(host, port, log_level.lower(), access_log)
+        if demo:
+            err.print(DEMO_BANNER, style="bold yellow", soft_wrap=True)
+        options = uvicorn_options(host, port, log_level.lower(), access_log, proxies)
         if workers == 1:
             uvicorn.run(
-                create_app(settings, secret, run_workers=persister, demo_mode=embedded), **options
+                create_app(
+                    settings,
+                    secret,
+                    run_workers=persister,
+                    demo_mode=demo,
+                    metrics_address=metrics_address,
+                ),
+                **options,
             )
         else:
             metrics_dir = workers_folder(data_dir)
@@ -206,7 +297,10 @@ def serve(
                 HONGBAO_DATABASE_URL=settings.database_url,
                 **{
                     ENV_DATA_DIR: str(data_dir),
-                    ENV_DEMO: "1" if embedded else "0",
+                    ENV_DEMO: "1" if demo else "0",
+                    ENV_METRICS_ADDRESS: (
+                        "" if metrics_address is None else "{}:{}".format(*metrics_address)
+                    ),
                     ENV_METRICS_DIR: str(metrics_dir),
                 },
             )

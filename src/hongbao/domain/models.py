@@ -70,6 +70,8 @@ class Packet:
     remaining_amount: int
     created_at: datetime
     expires_at: datetime
+    #: fen returned to the sender once the packet closed with shares left
+    refunded_amount: int = 0
 
 
 class GrabResult(NamedTuple):
@@ -104,7 +106,22 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class ClaimsList:
+    """A page of a packet's claims in grab order, and what holds for all of them."""
+
     packet_id: str
+    #: this page's claims
     claims: list[Claim]
     #: the largest claim once the packet is exhausted (ties: earliest grab), else None
     best_luck: str | None
+    #: claims and fen claimed in the whole packet
+    claimed_count: int = 0
+    claimed_amount: int = 0
+    #: where the next page starts (the last claim of this one), None on the last page
+    next_after: ClaimPosition | None = None
+
+
+class ClaimPosition(NamedTuple):
+    """A claim's place in grab order: (claimed_at, seq)."""
+
+    claimed_at_ms: int
+    seq: int

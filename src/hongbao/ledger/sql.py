@@ -59,6 +59,8 @@ from hongbao.ledger.schema import (
 )
 
 T = TypeVar("T")
+#: execution option of the connections `SqlLedger._transaction` writes on
+_WRITES = "hongbao_writes"
 ASYNC_DRIVERS = {
     "postgresql": "postgresql+asyncpg",
     "postgres": "postgresql+asyncpg",
@@ -319,8 +321,10 @@ class SqlLedger:
     ) -> T:
         for attempt in range(attempts):
             try:
-                async with self.engine.begin() as conn:
-                    return await work(conn)
+                async with self.engine.connect() as conn:
+                    await conn.execution_options(**{_WRITES: True})
+                    async with conn.begin():
+                        return await work(conn)
             except DBAPIError as exc:
                 if attempt + 1 < attempts and _retryable(exc):
                     await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
@@ -382,7 +386,7 @@ def _create_private_file(url: sa.URL) -> None:
 
 
 def _tune_sqlite(engine: AsyncEngine) -> None:
-    """WAL, foreign keys, and BEGIN IMMEDIATE so writers queue instead of failing."""
+    """WAL, foreign keys, and BEGIN IMMEDIATE for the transactions that write."""
 
     @sa_event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -399,7 +403,11 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
 
     @sa_event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # a transaction that writes takes the write lock at once (BEGIN IMMEDIATE), so
+        # writers queue instead of failing on a lock upgrade; a read takes none and
+        # never waits for, or holds up, a writer (WAL)
+        writes = conn.get_execution_options().get(_WRITES, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
 
 __all__ = [

@@ -47,8 +47,13 @@ MIN_UPTIME = 5.0
 SHUTDOWN_TIMEOUT = 10
 
 
-def uvicorn_options(host: str, port: int, log_level: str, access_log: bool) -> dict[str, Any]:
-    """The uvicorn settings `hongbao serve` runs with (the bench's hello-world too)."""
+def uvicorn_options(
+    host: str, port: int, log_level: str, access_log: bool, trusted_proxies: list[str]
+) -> dict[str, Any]:
+    """The uvicorn settings `hongbao serve` runs with (the bench's hello-world too).
+
+    X-Forwarded-For and X-Forwarded-Proto are believed only from `trusted_proxies`
+    (addresses or CIDRs); with none, the socket peer is the client, whatever it sends."""
     return {
         "host": host,
         "port": port,
@@ -57,6 +62,8 @@ def uvicorn_options(host: str, port: int, log_level: str, access_log: bool) -> d
         "lifespan": "on",
         "timeout_graceful_shutdown": SHUTDOWN_TIMEOUT,
         "server_header": False,
+        "proxy_headers": bool(trusted_proxies),
+        "forwarded_allow_ips": ",".join(trusted_proxies) or None,
     }
 
 

@@ -436,7 +436,15 @@ class RedisStore:
                 # redis-py may turn a cancelled blocking read into a connection error;
                 # the caller is being cancelled, so let it end rather than retry
                 raise asyncio.CancelledError from exc
-            raise StorageError(f"redis: {exc}") from exc
+            raise StorageError(f"redis: {brief(exc)}") from exc
+
+
+def brief(exc: BaseException, most: int = 200) -> str:
+    """The first line of an error's text, cut short: redis-py's may carry a whole
+    connection pool's repr (a Sentinel that names no primary)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= most else text[:most] + "…"
 
 
 def events_of_reply(reply: Any) -> list[Event]:

@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -45,11 +46,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from hongbao.api.routes import Api, read_json
+from hongbao.api.errors import ApiError
+from hongbao.api.routes import DEFAULT_CLAIMS_PAGE, Api, read_json
 from hongbao.api.schemas import DemoSignIn, claims_json, iso, packet_json
 from hongbao.audit import audit
 from hongbao.auth import Principal, bearer_token, issue_token, verify_token
 from hongbao.errors import Forbidden, HongbaoError
+from hongbao.ratelimit import Limit
 
 log = logging.getLogger("hongbao.web")
 
@@ -58,6 +61,8 @@ STATIC = Path(__file__).parent / "static"
 DEMO_DEPOSIT = 10_000
 #: lifetime of a demo token, seconds
 DEMO_TOKEN_TTL = 86_400
+#: demo sign-ins per client address: 30 a minute, up to 30 at once
+DEMO_SIGNIN_LIMIT = Limit("ip", rate=0.5, burst=30)
 #: how often a watched packet's live status is read from Redis, seconds
 POLL_INTERVAL = 0.5
 #: a comment line keeps idle streams open through proxies, seconds
@@ -66,6 +71,9 @@ HEARTBEAT_SECONDS = 15.0
 STREAM_SECONDS = 120.0
 #: the browser's reconnect delay after a stream ends, milliseconds
 RETRY_MS = 1000
+#: live event streams one process serves, and one user may hold, at once
+MAX_STREAMS = 1_000
+MAX_STREAMS_PER_USER = 5
 #: how long an audit result is reused by the dashboard, seconds
 AUDIT_SECONDS = 10.0
 #: the dashboard counts live packets up to this many
@@ -145,7 +153,7 @@ class PacketWatchers:
                 )
                 if marker != seen or w.last is None:
                     packet = await service.packet(w.packet_id)
-                    claims = await service.claims(w.packet_id)
+                    claims = await service.claims(w.packet_id, limit=DEFAULT_CLAIMS_PAGE)
                     state = json.dumps(
                         {"packet": packet_json(packet), "claims": claims_json(claims)},
                         ensure_ascii=False,
@@ -161,6 +169,19 @@ class PacketWatchers:
             except Exception as exc:  # Redis or the ledger failed: try again on the next tick
                 log.debug("watching packet %s: %s", w.packet_id, exc)
             await asyncio.sleep(self.interval)
+
+
+class _Slot:
+    """One live event stream's place under the caps."""
+
+
+def _too_many_streams(detail: str) -> ApiError:
+    return ApiError(429, "too_many_streams", detail, headers={"Retry-After": "5"})
+
+
+def demo_user(name: str) -> str:
+    """The user a demo sign-in acts as: demo users live apart from every real user."""
+    return f"demo-{name}"
 
 
 def _offer(queue: asyncio.Queue[str | None], item: str | None) -> None:
@@ -188,6 +209,9 @@ class WebApp:
         self._closing = False
         self._background: set[asyncio.Future[None]] = set()
         self._handlers: dict[int, tuple[Any, Any]] = {}
+        #: the live event streams, all and per user (see `_stream_slot`)
+        self._streams: weakref.WeakSet[_Slot] = weakref.WeakSet()
+        self._streams_of: dict[str, weakref.WeakSet[_Slot]] = {}
 
     def routes(self) -> list[BaseRoute]:
         routes: list[BaseRoute] = [
@@ -253,13 +277,17 @@ class WebApp:
     # -- demo sign-in ---------------------------------------------------------------------
 
     async def demo_token(self, request: Request) -> Response:
+        ip = request.client.host if request.client else None
+        if ip:
+            await self.api.service.limiter.take("demo", DEMO_SIGNIN_LIMIT, ip)
         body = await read_json(request, DemoSignIn)
+        user_id = demo_user(body.name)
         wallet = await self.api.service.deposit(
-            body.name, DEMO_DEPOSIT, reference=f"demo-signin:{body.name}"
+            user_id, DEMO_DEPOSIT, reference=f"demo-signin:{body.name}"
         )
-        token = issue_token(self.api.secret, body.name, ttl=DEMO_TOKEN_TTL)
+        token = issue_token(self.api.secret, user_id, ttl=DEMO_TOKEN_TTL)
         return JSONResponse(
-            {"token": token, "user_id": body.name, "balance": wallet.balance}, status_code=201
+            {"token": token, "user_id": user_id, "balance": wallet.balance}, status_code=201
         )
 
     # -- live events ----------------------------------------------------------------------
@@ -271,32 +299,63 @@ class WebApp:
         return verify_token(self.api.secret, bearer_token(request.headers.get("authorization")))
 
     async def events(self, request: Request) -> Response:
-        self._caller(request)
+        caller = self._caller(request)
         packet_id: str = request.path_params["packet_id"]
         await self.api.service.packet(packet_id)  # 404 before the stream starts
+        slot = self._stream_slot(caller.user_id)  # 429 over the caps
 
         async def stream() -> AsyncIterator[str]:
-            yield f"retry: {RETRY_MS}\n\n"
-            if self._closing:
-                return
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + STREAM_SECONDS
-            async with self.watchers.watch(packet_id) as queue:
-                while (left := deadline - loop.time()) > 0:
-                    try:
-                        item = await asyncio.wait_for(queue.get(), min(HEARTBEAT_SECONDS, left))
-                    except TimeoutError:
-                        yield ": keep-alive\n\n"
-                        continue
-                    if item is None:
-                        return
-                    yield f"event: packet\ndata: {item}\n\n"
+            try:
+                async for chunk in self._stream(packet_id):
+                    yield chunk
+            finally:
+                self._release(slot, caller.user_id)
 
         return StreamingResponse(
             stream(),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    def _stream_slot(self, user_id: str) -> _Slot:
+        """Room for one more event stream of `user_id`; 429 `too_many_streams` when the user
+        or this process has the most it may. A slot is freed when its stream ends, or
+        when the response holding it is dropped without ever streaming (weak sets)."""
+        mine = self._streams_of.setdefault(user_id, weakref.WeakSet())
+        if len(self._streams) >= MAX_STREAMS:
+            raise _too_many_streams("this server has as many live streams as it serves")
+        if len(mine) >= MAX_STREAMS_PER_USER:
+            raise _too_many_streams(f"at most {MAX_STREAMS_PER_USER} live streams per user")
+        slot = _Slot()
+        self._streams.add(slot)
+        mine.add(slot)
+        return slot
+
+    def _release(self, slot: _Slot, user_id: str) -> None:
+        self._streams.discard(slot)
+        mine = self._streams_of.get(user_id)
+        if mine is not None:
+            mine.discard(slot)
+            if not mine:
+                del self._streams_of[user_id]
+
+    async def _stream(self, packet_id: str) -> AsyncIterator[str]:
+        """The text of one event stream: the packet's state now and at every change."""
+        yield f"retry: {RETRY_MS}\n\n"
+        if self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STREAM_SECONDS
+        async with self.watchers.watch(packet_id) as queue:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    item = await asyncio.wait_for(queue.get(), min(HEARTBEAT_SECONDS, left))
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                if item is None:
+                    return
+                yield f"event: packet\ndata: {item}\n\n"
 
     # -- dashboard ------------------------------------------------------------------------
 

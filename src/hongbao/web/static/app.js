@@ -319,7 +319,11 @@
       var outcome = $("packet-outcome");
       var finished = "";
       if (p.status === "exhausted") finished = sender ? t("packet.statusExhausted") : t("err.packet_exhausted");
-      else if (p.status === "expired") finished = sender ? t("packet.statusExpired") : t("err.packet_expired");
+      else if (p.status === "expired") {
+        finished = sender ? t("packet.statusExpired") : t("err.packet_expired");
+        if (p.refunded_amount) finished += " " + t("packet.refunded", { amount: yuan(p.refunded_amount) });
+        else if (p.remaining_amount) finished += " " + t("packet.refunding", { amount: yuan(p.remaining_amount) });
+      }
       outcome.textContent = state.outcome ? describe(state.outcome) : (mine ? "" : finished);
       outcome.hidden = !outcome.textContent;
       if (sender) {
@@ -379,7 +383,10 @@
       state.packet = data.packet;
       state.claims = data.claims;
       draw();
-      if (data.packet.status !== "active" && (data.packet.status === "expired" || data.claims.best_luck)) {
+      var p = data.packet;
+      // final: every share taken (best luck known), or expired with its leftover refunded
+      var refunded = p.refunded_amount || !p.remaining_amount;
+      if (p.status !== "active" && (p.status === "expired" ? refunded : data.claims.best_luck)) {
         stopLive();
       }
     }
