@@ -45,6 +45,7 @@ from hongbao.errors import (
     PacketExpired,
     PacketNotFound,
 )
+from hongbao.history import History
 from hongbao.keys import PacketKeys
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import PacketRecord
@@ -93,6 +94,8 @@ class Hongbao:
         self.limiter = RateLimiter(store, settings)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
+        #: the red-packet record and the daily statements, read from the ledger
+        self.history = History(ledger)
 
     @classmethod
     async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:

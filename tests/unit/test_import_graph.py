@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "service",
         [
             "hongbao.service",
+            "hongbao.history",
             "hongbao.coalescer",
             "hongbao.durability",
             "hongbao.persister",

@@ -48,7 +48,7 @@ entries = sa.Table(
     sa.Column("id", RowId, primary_key=True, autoincrement=True),
     #: what this entry applies, e.g. "claim:<packet>:<index>"; unique, so nothing applies twice
     sa.Column("reference", Reference, nullable=False, unique=True),
-    sa.Column("user_id", UserId, nullable=False, index=True),
+    sa.Column("user_id", UserId, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     #: signed: credits positive, debits negative
     sa.Column("amount", sa.BigInteger, nullable=False),
@@ -58,6 +58,9 @@ entries = sa.Table(
     sa.Column("deposit_key", IdempotencyKey, nullable=True),
     sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
     sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
+    #: a wallet's entries newest first; the statement's day
+    sa.Index("ix_entries_user_id", "user_id", "id"),
+    sa.Index("ix_entries_created", "created_at"),
 )
 
 packets = sa.Table(
@@ -88,6 +91,8 @@ packets = sa.Table(
     sa.CheckConstraint("status IN ('active', 'exhausted', 'expired')", name="ck_packet_status"),
     sa.UniqueConstraint("sender_id", "idempotency_key", name="uq_packet_idempotency"),
     sa.Index("ix_packets_status_expires", "status", "expires_at"),
+    #: the packets a user sent, newest first
+    sa.Index("ix_packets_sender_time", "sender_id", "created_at", "id"),
 )
 
 shares = sa.Table(
@@ -113,4 +118,8 @@ claims = sa.Table(
     ),
     sa.UniqueConstraint("packet_id", "user_id", name="uq_claim_packet_user"),
     sa.UniqueConstraint("packet_id", "share_idx", name="uq_claim_packet_share"),
+    #: the packets a user grabbed, newest first
+    sa.Index("ix_claims_user_time", "user_id", "claimed_at", "id"),
+    #: the largest claims of a packet first: is this claim its best luck?
+    sa.Index("ix_claims_packet_amount", "packet_id", "amount"),
 )

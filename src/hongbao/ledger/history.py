@@ -1,0 +1,409 @@
+"""Reads of the red-packet record, a wallet's entries and the daily statement.
+
+Each read runs in one transaction on one snapshot (REPEATABLE READ on PostgreSQL and
+MySQL/MariaDB, a deferred read transaction in SQLite's WAL), so totals, pages and
+balances of one answer agree with each other. Pages are keyset pages, newest first:
+a page starts strictly after the last row of the one before, so rows committed
+meanwhile neither shift nor repeat the rows a client has not seen yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from hongbao.domain.history import (
+    EntriesPage,
+    Entry,
+    Keyset,
+    KindTotal,
+    Received,
+    ReceivedPage,
+    ReceivedTotals,
+    Sent,
+    SentPage,
+    SentTotals,
+    Statement,
+    StatementLine,
+    WalletMismatch,
+)
+from hongbao.errors import StorageError
+from hongbao.ledger.records import from_db
+from hongbao.ledger.schema import claims, entries, packets, wallets
+
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(moment: datetime) -> int:
+    """Unix microseconds of a naive UTC datetime as the ledger stores it."""
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def from_micros(value: int) -> datetime:
+    """The naive UTC datetime of unix microseconds."""
+    return _EPOCH + value * _MICROSECOND
+
+
+@contextlib.asynccontextmanager
+async def snapshot(engine: AsyncEngine) -> AsyncIterator[tuple[AsyncConnection, datetime]]:
+    """A read-only transaction on one snapshot, and the ledger's clock at its start.
+
+    The clock is read first: everything committed before it is visible in the snapshot
+    (PostgreSQL takes the snapshot at the transaction's first statement, InnoDB and
+    SQLite at its first read of a table)."""
+    try:
+        async with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                await conn.execution_options(
+                    isolation_level="REPEATABLE READ", postgresql_readonly=True
+                )
+            elif engine.dialect.name != "sqlite":
+                await conn.execution_options(isolation_level="REPEATABLE READ")
+            async with conn.begin():
+                yield conn, await _ledger_now(conn)
+    except (DBAPIError, OSError) as exc:
+        raise StorageError(f"database: {exc}") from exc
+
+
+async def _ledger_now(conn: AsyncConnection) -> datetime:
+    """The database server's clock, aware UTC."""
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        value: Any = await conn.scalar(sa.text("SELECT now()"))
+    elif dialect == "sqlite":
+        text = await conn.scalar(sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
+        value = datetime.fromisoformat(str(text))
+    else:
+        value = await conn.scalar(sa.text("SELECT UTC_TIMESTAMP(6)"))
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+    return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def _newest_first(time_column: Any, id_column: Any, after: Keyset | None) -> Any:
+    """Rows strictly after `after` in (time, id) descending order (all rows: None).
+
+    Spelled as a range on the time column and a tie-break, which every database turns
+    into an index range (MariaDB does not for a row-value comparison)."""
+    if after is None:
+        return sa.true()
+    at = from_micros(after.at_us)
+    return sa.and_(time_column <= at, sa.or_(time_column < at, id_column < after.row_id))
+
+
+# -- received ---------------------------------------------------------------------------------
+
+
+def _best_luck() -> Any:
+    """True for a claim that is the best luck of its packet: the packet is lucky and
+    finished (exhausted, or expired and closed), no claim of it is larger, and no claim
+    as large was grabbed earlier (by time, then share index, as `Hongbao.claims` orders
+    them). Three index probes on (packet_id, amount) per claim."""
+    other = claims.alias("other")
+    same_packet = other.c.packet_id == claims.c.packet_id
+    beaten = sa.or_(
+        sa.exists().where(same_packet, other.c.amount > claims.c.amount),
+        sa.exists().where(
+            same_packet,
+            other.c.amount == claims.c.amount,
+            other.c.claimed_at < claims.c.claimed_at,
+        ),
+        sa.exists().where(
+            same_packet,
+            other.c.amount == claims.c.amount,
+            other.c.claimed_at == claims.c.claimed_at,
+            other.c.share_idx < claims.c.share_idx,
+        ),
+    )
+    finished = packets.c.status != "active"
+    return sa.case((sa.and_(packets.c.mode == "lucky", finished, sa.not_(beaten)), 1), else_=0)
+
+
+async def received(
+    engine: AsyncEngine,
+    user_id: str,
+    start: datetime,
+    end: datetime,
+    *,
+    year: int,
+    after: Keyset | None,
+    limit: int,
+) -> ReceivedPage:
+    """The user's claims with `start <= claimed_at < end` (naive UTC), newest first,
+    `limit` from after `after`; totals over the whole range."""
+    joined = claims.join(packets, packets.c.id == claims.c.packet_id)
+    in_range = sa.and_(
+        claims.c.user_id == user_id, claims.c.claimed_at >= start, claims.c.claimed_at < end
+    )
+    best = _best_luck()
+    page_query = (
+        sa.select(
+            claims.c.id,
+            claims.c.packet_id,
+            claims.c.amount,
+            claims.c.claimed_at,
+            packets.c.sender_id,
+            packets.c.greeting,
+            packets.c.mode,
+            best.label("best"),
+        )
+        .select_from(joined)
+        .where(in_range, _newest_first(claims.c.claimed_at, claims.c.id, after))
+        .order_by(claims.c.claimed_at.desc(), claims.c.id.desc())
+        .limit(limit + 1)
+    )
+    totals_query = (
+        sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(claims.c.amount), 0),
+            sa.func.coalesce(sa.func.sum(best), 0),
+        )
+        .select_from(joined)
+        .where(in_range)
+    )
+    async with snapshot(engine) as (conn, as_of):
+        rows = (await conn.execute(page_query)).all()
+        count, amount, best_count = (await conn.execute(totals_query)).one()
+    items = [
+        Received(
+            packet_id=r.packet_id,
+            sender_id=r.sender_id,
+            greeting=r.greeting,
+            mode=r.mode,
+            amount=int(r.amount),
+            claimed_at=from_db(r.claimed_at),
+            best_luck=bool(r.best),
+            position=Keyset(micros(r.claimed_at), int(r.id)),
+        )
+        for r in rows[:limit]
+    ]
+    return ReceivedPage(
+        user_id=user_id,
+        year=year,
+        items=items,
+        totals=ReceivedTotals(int(count), int(amount), int(best_count)),
+        as_of=as_of,
+        next_after=items[-1].position if len(rows) > limit else None,
+    )
+
+
+# -- sent -------------------------------------------------------------------------------------
+
+
+async def sent(
+    engine: AsyncEngine,
+    user_id: str,
+    start: datetime,
+    end: datetime,
+    *,
+    year: int,
+    after: Keyset | None,
+    limit: int,
+) -> SentPage:
+    """The user's packets with `start <= created_at < end`, newest first; totals of all."""
+    in_range = sa.and_(
+        packets.c.sender_id == user_id, packets.c.created_at >= start, packets.c.created_at < end
+    )
+    page_query = (
+        sa.select(
+            packets.c.id,
+            packets.c.greeting,
+            packets.c.mode,
+            packets.c.total_amount,
+            packets.c.count.label("share_count"),
+            packets.c.claimed_count,
+            packets.c.claimed_amount,
+            packets.c.refunded_amount,
+            packets.c.status,
+            packets.c.created_at,
+            packets.c.expires_at,
+        )
+        .where(in_range, _newest_first(packets.c.created_at, packets.c.id, after))
+        .order_by(packets.c.created_at.desc(), packets.c.id.desc())
+        .limit(limit + 1)
+    )
+    totals_query = sa.select(
+        sa.func.count(),
+        sa.func.coalesce(sa.func.sum(packets.c.total_amount), 0),
+        sa.func.coalesce(sa.func.sum(packets.c.refunded_amount), 0),
+    ).where(in_range)
+    async with snapshot(engine) as (conn, as_of):
+        rows = (await conn.execute(page_query)).all()
+        count, amount, refunded = (await conn.execute(totals_query)).one()
+    items = [
+        Sent(
+            packet_id=r.id,
+            greeting=r.greeting,
+            mode=r.mode,
+            total_amount=int(r.total_amount),
+            count=int(r.share_count),
+            claimed_count=int(r.claimed_count),
+            claimed_amount=int(r.claimed_amount),
+            refunded_amount=int(r.refunded_amount),
+            status=r.status,
+            created_at=from_db(r.created_at),
+            expires_at=from_db(r.expires_at),
+            position=Keyset(micros(r.created_at), r.id),
+        )
+        for r in rows[:limit]
+    ]
+    return SentPage(
+        user_id=user_id,
+        year=year,
+        items=items,
+        totals=SentTotals(int(count), int(amount), int(refunded)),
+        as_of=as_of,
+        next_after=items[-1].position if len(rows) > limit else None,
+    )
+
+
+# -- a wallet's entries -----------------------------------------------------------------------
+
+
+async def wallet_entries(
+    engine: AsyncEngine, user_id: str, *, kind: str | None, after: int | None, limit: int
+) -> EntriesPage:
+    """The wallet's entries, newest (highest id) first, `limit` with ids below `after`,
+    optionally of one kind, each with the balance right after it.
+
+    The balance after an entry is the wallet's balance minus every entry of the wallet
+    with a higher id, all read on one snapshot: nothing a client sends enters it."""
+    mine = entries.c.user_id == user_id
+    query = sa.select(
+        entries.c.id,
+        entries.c.reference,
+        entries.c.kind,
+        entries.c.amount,
+        entries.c.packet_id,
+        entries.c.created_at,
+    ).where(mine)
+    if kind is not None:
+        query = query.where(entries.c.kind == kind)
+    if after is not None:
+        query = query.where(entries.c.id < after)
+    query = query.order_by(entries.c.id.desc()).limit(limit + 1)
+    async with snapshot(engine) as (conn, as_of):
+        balance = int(
+            await conn.scalar(sa.select(wallets.c.balance).where(wallets.c.user_id == user_id)) or 0
+        )
+        rows = (await conn.execute(query)).all()
+        page = rows[:limit]
+        steps: list[tuple[int, int]] = [(int(r.id), int(r.amount)) for r in page]
+        newer = 0
+        if page:
+            top, bottom = int(page[0].id), int(page[-1].id)
+            newer = int(
+                await conn.scalar(
+                    sa.select(sa.func.coalesce(sa.func.sum(entries.c.amount), 0)).where(
+                        mine, entries.c.id > top
+                    )
+                )
+                or 0
+            )
+            if kind is not None:  # the entries of other kinds between the page's rows
+                between = await conn.execute(
+                    sa.select(entries.c.id, entries.c.amount)
+                    .where(mine, entries.c.id <= top, entries.c.id >= bottom)
+                    .order_by(entries.c.id.desc())
+                )
+                steps = [(int(i), int(a)) for i, a in between]
+    after_each: dict[int, int] = {}
+    running = balance - newer
+    for entry_id, amount in steps:
+        after_each[entry_id] = running
+        running -= amount
+    items = [
+        Entry(
+            id=int(r.id),
+            reference=r.reference,
+            kind=r.kind,
+            amount=int(r.amount),
+            packet_id=r.packet_id,
+            created_at=from_db(r.created_at),
+            balance_after=after_each[int(r.id)],
+        )
+        for r in page
+    ]
+    return EntriesPage(
+        user_id=user_id,
+        balance=balance,
+        items=items,
+        as_of=as_of,
+        next_after=items[-1].id if len(rows) > limit else None,
+    )
+
+
+# -- the daily statement ----------------------------------------------------------------------
+
+
+async def statement(engine: AsyncEngine, day: date) -> Statement:
+    """Every entry whose time falls in the UTC `day`, and the check that the day adds up,
+    per wallet and in total (see `Statement`)."""
+    start = datetime(day.year, day.month, day.day)
+    end = start + timedelta(days=1)
+    created = entries.c.created_at
+
+    def per_wallet(condition: Any) -> Any:
+        return (
+            sa.select(entries.c.user_id, sa.func.sum(entries.c.amount))
+            .where(condition)
+            .group_by(entries.c.user_id)
+        )
+
+    lines_query = (
+        sa.select(
+            entries.c.reference,
+            entries.c.user_id,
+            entries.c.kind,
+            entries.c.amount,
+            entries.c.packet_id,
+            entries.c.created_at,
+        )
+        .where(created >= start, created < end)
+        .order_by(created, entries.c.id)
+    )
+    async with snapshot(engine) as (conn, as_of):
+        rows = (await conn.execute(lines_query)).all()
+        before = {u: int(s) for u, s in await conn.execute(per_wallet(created < start))}
+        later = {u: int(s) for u, s in await conn.execute(per_wallet(created >= end))}
+        balances = {
+            u: int(b)
+            for u, b in await conn.execute(sa.select(wallets.c.user_id, wallets.c.balance))
+        }
+    lines = [
+        StatementLine(
+            r.reference, r.user_id, r.kind, int(r.amount), r.packet_id, from_db(r.created_at)
+        )
+        for r in rows
+    ]
+    day_sum: dict[str, int] = defaultdict(int)
+    kinds: dict[str, list[int]] = {}
+    for line in lines:
+        day_sum[line.user_id] += line.amount
+        count_amount = kinds.setdefault(line.kind, [0, 0])
+        count_amount[0] += 1
+        count_amount[1] += line.amount
+    off = []
+    for user in sorted(set(before) | set(day_sum) | set(later) | set(balances)):
+        at_start = before.get(user, 0)
+        at_end = balances.get(user, 0) - later.get(user, 0)
+        if at_start + day_sum.get(user, 0) != at_end:
+            off.append(WalletMismatch(user, at_start, day_sum.get(user, 0), at_end))
+    return Statement(
+        day=day,
+        lines=lines,
+        by_kind=[KindTotal(k, n, a) for k, (n, a) in sorted(kinds.items())],
+        start=sum(before.values()),
+        entries=sum(day_sum.values()),
+        end=sum(balances.values()) - sum(later.values()),
+        as_of=as_of,
+        wallets_off=off,
+    )
