@@ -19,6 +19,7 @@ from starlette.routing import Route
 from hongbao.api.errors import EXCEPTION_HANDLERS
 from hongbao.api.fastpath import GrabFastPath
 from hongbao.api.headers import SecurityHeaders
+from hongbao.api.history import HistoryApi
 from hongbao.api.openapi import build_openapi
 from hongbao.api.routes import Api
 from hongbao.auth import secret_from_env_or_dir
@@ -90,7 +91,11 @@ def create_app(
                 api.runtime = None
 
     app = Starlette(
-        routes=[*api.routes(metrics=metrics_address is None), *web.routes()],
+        routes=[
+            *api.routes(metrics=metrics_address is None),
+            *HistoryApi(api).routes(),
+            *web.routes(),
+        ],
         # the grab's fast path first (its answers carry the security headers themselves)
         middleware=[Middleware(GrabFastPath, api=api), Middleware(SecurityHeaders)],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -9,6 +9,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 import hongbao
 from hongbao.api.errors import PROBLEM_TYPE
+from hongbao.api.history import MODELS as HISTORY_MODELS
 from hongbao.api.routes import (
     DEFAULT_CLAIMS_PAGE,
     IDEMPOTENCY_KEY_PATTERN,
@@ -30,6 +31,8 @@ from hongbao.api.schemas import (
 )
 from hongbao.auth import USER_ID_PATTERN
 from hongbao.domain.ids import PACKET_ID_PATTERN
+from hongbao.history import DEFAULT_PAGE, MAX_PAGE, MAX_YEAR, MIN_YEAR
+from hongbao.ledger.schema import ENTRY_KINDS
 from hongbao.settings import Settings
 
 REF = "#/components/schemas/{model}"
@@ -46,6 +49,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (AdminStats, "serialization"),
     (DemoSignIn, "validation"),
     (DemoTokenOut, "serialization"),
+    *((model, "serialization") for model in HISTORY_MODELS),
 ]
 
 _ERRORS = {
@@ -187,6 +191,7 @@ def build_openapi(
                 [401, 403, 503],
             )
         },
+        **_history_paths(user),
         "/healthz": {"get": _plain("healthz", "The process is up", {200: "Health"})},
         "/readyz": {
             "get": _plain(
@@ -249,6 +254,92 @@ def build_openapi(
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],
+    }
+
+
+def _history_paths(user: dict[str, Any]) -> dict[str, Any]:
+    """The red-packet record, a wallet's entries and the daily statement (api/history.py)."""
+
+    def query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "description": description,
+            "schema": schema,
+        }
+
+    year = query(
+        "year",
+        "the UTC year (default: this year)",
+        {"type": "integer", "minimum": MIN_YEAR, "maximum": MAX_YEAR},
+    )
+    limit = query(
+        "limit",
+        "rows in the page",
+        {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_PAGE,
+            "default": DEFAULT_PAGE,
+        },
+    )
+    cursor = query(
+        "cursor",
+        "the `next_cursor` of the previous page (empty: the first page)",
+        {"type": "string"},
+    )
+    kind = query("kind", "only entries of this kind", {"type": "string", "enum": list(ENTRY_KINDS)})
+    day = _path_param("date", {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"})
+    return {
+        "/v1/users/{user_id}/received": {
+            "get": _op(
+                "getReceived",
+                "Packets the user grabbed in a year, newest first, with the year's totals "
+                "(the user or an admin)",
+                [user, year, limit, cursor],
+                None,
+                200,
+                "ReceivedOut",
+                [401, 403, 422, 503],
+            )
+        },
+        "/v1/users/{user_id}/sent": {
+            "get": _op(
+                "getSent",
+                "Packets the user sent in a year, newest first, with the year's totals "
+                "(the user or an admin)",
+                [user, year, limit, cursor],
+                None,
+                200,
+                "SentOut",
+                [401, 403, 422, 503],
+            )
+        },
+        "/v1/wallets/{user_id}/entries": {
+            "get": _op(
+                "getEntries",
+                "A wallet's ledger entries, newest first, each with the balance after it "
+                "(its owner or an admin)",
+                [user, limit, cursor, kind],
+                None,
+                200,
+                "EntriesOut",
+                [401, 403, 422, 503],
+            )
+        },
+        "/v1/admin/statements/{date}": {
+            "get": _op(
+                "getStatement",
+                "Every ledger entry of a UTC day, per-kind totals and the check that the "
+                "wallets at its start plus its entries make those at its end (admin only)",
+                [day],
+                None,
+                200,
+                "StatementOut",
+                [401, 403, 422, 503],
+            )
+        },
     }
 
 

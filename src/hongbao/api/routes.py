@@ -173,7 +173,7 @@ class Api:
 
     async def claims(self, request: Request) -> Response:
         self.caller(request)
-        limit = _query_int(request, "limit", DEFAULT_CLAIMS_PAGE, 1, MAX_CLAIMS_PAGE)
+        limit = query_int(request, "limit", DEFAULT_CLAIMS_PAGE, 1, MAX_CLAIMS_PAGE)
         cursor = request.query_params.get("cursor")
         claims = await self.service.claims(
             request.path_params["packet_id"],
@@ -319,7 +319,7 @@ PATTERN_SENTENCES = {
 }
 
 
-def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
     """An integer query parameter within [low, high]; 422 naming it otherwise."""
     raw = request.query_params.get(name)
     if raw is None:

@@ -217,18 +217,39 @@ def claims_json(c: ClaimsList) -> dict[str, Any]:
 
 def claims_cursor(position: ClaimPosition) -> str:
     """An opaque cursor: where in grab order a page of claims ends."""
-    text = f"{position.claimed_at_ms}.{position.seq}".encode()
-    return base64.urlsafe_b64encode(text).rstrip(b"=").decode()
+    return encode_cursor(position.claimed_at_ms, position.seq)
 
 
 def claims_position(cursor: str) -> ClaimPosition:
     """The position a cursor names; InvalidRequest if it is not one `claims_cursor` made."""
+    at, seq = cursor_parts(cursor, 2)
+    try:
+        position = ClaimPosition(int(at), int(seq))
+    except ValueError:
+        raise _bad_cursor() from None
+    if claims_cursor(position) != cursor:
+        raise _bad_cursor()
+    return position
+
+
+def encode_cursor(*parts: int | str) -> str:
+    """An opaque cursor holding `parts` (numbers, or ids without a '.')."""
+    text = ".".join(str(part) for part in parts).encode()
+    return base64.urlsafe_b64encode(text).rstrip(b"=").decode()
+
+
+def cursor_parts(cursor: str, count: int) -> list[str]:
+    """The `count` parts of a cursor `encode_cursor` made; InvalidRequest naming the cursor
+    otherwise. The caller converts the parts and checks they encode to `cursor` again."""
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-        at, seq = text.split(".")
-        position = ClaimPosition(int(at), int(seq))
     except (ValueError, UnicodeDecodeError):
-        raise InvalidRequest("cursor is not one this API returned", "cursor") from None
-    if claims_cursor(position) != cursor:
-        raise InvalidRequest("cursor is not one this API returned", "cursor")
-    return position
+        raise _bad_cursor() from None
+    parts = text.split(".")
+    if len(parts) != count:
+        raise _bad_cursor()
+    return parts
+
+
+def _bad_cursor() -> InvalidRequest:
+    return InvalidRequest("cursor is not one this API returned", "cursor")
