@@ -12,6 +12,7 @@ from __future__ import annotations
 import typer
 
 from hongbao.cli.serve import serve, worker
+from hongbao.cli.statement import statement
 from hongbao.cli.tools import audit, dead_letters, migrate, recover, token
 from hongbao.console import fail
 
@@ -29,6 +30,7 @@ app.command()(audit)
 app.command()(recover)
 app.command("dead-letters")(dead_letters)
 app.command()(token)
+app.command()(statement)
 
 
 @app.command(
