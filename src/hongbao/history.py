@@ -13,11 +13,14 @@ what (the HTTP layer does); these methods trust their caller, as `Hongbao.wallet
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from datetime import UTC, date, datetime
 
 from hongbao.domain.history import EntriesPage, Keyset, ReceivedPage, SentPage, Statement
 from hongbao.domain.ids import require_user_id, valid_packet_id
-from hongbao.errors import InvalidRequest
+from hongbao.errors import InvalidRequest, StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger import history as ledger_history
 from hongbao.ledger.schema import ENTRY_KINDS
@@ -29,6 +32,11 @@ MAX_PAGE = 500
 MIN_YEAR = 1970
 MAX_YEAR = 9999
 _LAST_MICROS = ledger_history.micros(datetime.max)
+#: finished packets given their best-luck row per transaction; seconds between rounds
+INDEX_BATCH = 1_000
+INDEX_INTERVAL = 5.0
+
+log = logging.getLogger("hongbao.history")
 
 
 class History:
@@ -108,6 +116,48 @@ class History:
         if not isinstance(day, date) or isinstance(day, datetime):
             raise InvalidRequest("date must be a day, YYYY-MM-DD", "date")
         return await ledger_history.statement(self.ledger.engine, day)
+
+
+class BestLuckIndexer:
+    """Writes the best luck of finished packets into hb_best_luck, so that a year's
+    best-luck count reads one index range instead of checking each claim.
+
+    The record is exact whether or not this runs (what it has not indexed yet is checked
+    claim by claim); it only makes the totals of a long record fast. `hongbao serve` and
+    `hongbao worker` run it next to the persister. Several may run at once."""
+
+    def __init__(
+        self, ledger: SqlLedger, *, batch: int = INDEX_BATCH, interval: float = INDEX_INTERVAL
+    ) -> None:
+        self.ledger = ledger
+        self.batch = batch
+        self.interval = interval
+        self.indexed = 0
+
+    async def step(self) -> int:
+        """Index up to `batch` finished packets; how many."""
+        batch = self.batch
+        done, _ = await self.ledger.transaction(
+            lambda conn: ledger_history.index_best_luck(conn, batch)
+        )
+        self.indexed += done
+        return done
+
+    async def catch_up(self) -> int:
+        """Index every finished packet not indexed yet; how many."""
+        total = 0
+        while (done := await self.step()) == self.batch:
+            total += done
+        return total + done
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.catch_up()
+            except StorageError as exc:
+                log.warning("best-luck indexer: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
 
 
 def _year(year: int | None) -> int:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from hongbao.history import BestLuckIndexer
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
@@ -25,11 +26,13 @@ STOP_TIMEOUT = 15.0
 
 @dataclass
 class Runtime:
-    """A connected service and, when running workers, its persister and sweeper."""
+    """A connected service and, when running workers, its persister, sweeper and
+    best-luck indexer."""
 
     service: Hongbao
     persister: Persister | None = None
     sweeper: Sweeper | None = None
+    indexer: BestLuckIndexer | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -51,9 +54,11 @@ async def running_service(settings: Settings, *, workers: bool) -> AsyncIterator
         if workers:
             runtime.persister = Persister(service.store, service.ledger, settings)
             runtime.sweeper = Sweeper(service)
+            runtime.indexer = BestLuckIndexer(service.ledger)
             runtime.tasks = [
                 asyncio.create_task(runtime.persister.run(runtime.stop), name="hongbao-persister"),
                 asyncio.create_task(runtime.sweeper.run(runtime.stop), name="hongbao-sweeper"),
+                asyncio.create_task(runtime.indexer.run(runtime.stop), name="hongbao-best-luck"),
             ]
             for task in runtime.tasks:
                 task.add_done_callback(_report_crash)

@@ -18,10 +18,11 @@ from hongbao.domain.history import Keyset
 from hongbao.domain.ids import new_packet_id
 from hongbao.domain.moments import ms
 from hongbao.errors import InvalidRequest
-from hongbao.history import History
+from hongbao.history import BestLuckIndexer, History
 from hongbao.ledger import SqlLedger
+from hongbao.ledger.history import MARK_MARGIN
 from hongbao.ledger.records import ClaimEvent, PacketRecord, RefundEvent, utcnow
-from hongbao.ledger.schema import entries
+from hongbao.ledger.schema import best_luck, entries, history_marks
 
 YEAR = 2025
 T0 = datetime(YEAR, 6, 1, 12, 0, tzinfo=UTC)
@@ -157,6 +158,37 @@ async def test_received_totals_and_best_luck(ledger: SqlLedger) -> None:
         rows = await walk(lambda **kw: history.sent("alice", YEAR, **kw), limit)
         assert [r.packet_id for r in rows] == [p.packet_id for p in sent.items]
         assert sum(r.total_amount for r in rows) == sent.totals.amount
+
+    # the best-luck index changes no answer: before it ran, while a packet is open (its
+    # claims are then counted claim by claim), and once every packet finished
+    async def best_counts() -> list[int]:
+        asked = [("bob", YEAR), ("carol", YEAR), ("bob", YEAR - 1)]
+        return [(await history.received(u, y)).totals.best_luck_count for u, y in asked]
+
+    assert await best_counts() == [2, 1, 1]
+    indexer = BestLuckIndexer(ledger, batch=2)
+    assert await indexer.catch_up() == 5  # all but the open p3
+    assert await best_counts() == [2, 1, 1]
+    await grab(ledger, p3, 1, "dave", s + timedelta(seconds=9), 1)  # now bob's 500 is best
+    assert await best_counts() == [3, 1, 1]
+    assert await indexer.catch_up() == 1
+    assert await best_counts() == [3, 1, 1]
+    rows = await walk(lambda **kw: history.received("bob", YEAR, **kw), 2)
+    assert sum(r.best_luck for r in rows) == 3
+    async with ledger.engine.connect() as conn:
+        winners = dict(
+            (await conn.execute(sa.select(best_luck.c.packet_id, best_luck.c.user_id))).all()
+        )
+        mark = await conn.scalar(sa.select(history_marks.c.at))
+    assert winners == {
+        p1.id: "carol",
+        p2.id: "bob",
+        p3.id: "bob",
+        p4.id: None,
+        p5.id: "bob",
+        p6.id: "bob",
+    }
+    assert abs(mark - (utcnow() - MARK_MARGIN)) < timedelta(minutes=1)  # nothing open
 
 
 async def test_pages_under_concurrent_claims_neither_skip_nor_repeat(ledger: SqlLedger) -> None:

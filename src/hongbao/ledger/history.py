@@ -35,9 +35,15 @@ from hongbao.domain.history import (
     WalletMismatch,
 )
 from hongbao.errors import StorageError
-from hongbao.ledger.records import from_db
-from hongbao.ledger.schema import claims, entries, packets, wallets
+from hongbao.ledger.records import among, from_db
+from hongbao.ledger.schema import best_luck, claims, entries, history_marks, packets, wallets
 
+#: the hb_history_marks row of hb_best_luck
+BEST_LUCK_MARK = "best_luck"
+#: how far behind the oldest open packet (and the clock) the best-luck mark stays: longer
+#: than a send takes to commit after its packet's time was taken, and than the clocks of
+#: the API processes (packet times) and of Redis (claim times) drift apart
+MARK_MARGIN = timedelta(minutes=10)
 _EPOCH = datetime(1970, 1, 1)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -68,16 +74,28 @@ async def snapshot(engine: AsyncEngine) -> AsyncIterator[tuple[AsyncConnection, 
             elif engine.dialect.name != "sqlite":
                 await conn.execution_options(isolation_level="REPEATABLE READ")
             async with conn.begin():
-                yield conn, await _ledger_now(conn)
+                yield conn, await _ledger_now(conn, reads=True)
     except (DBAPIError, OSError) as exc:
         raise StorageError(f"database: {exc}") from exc
 
 
-async def _ledger_now(conn: AsyncConnection) -> datetime:
-    """The database server's clock, aware UTC."""
+async def _ledger_now(conn: AsyncConnection, *, reads: bool = False) -> datetime:
+    """The database server's clock, aware UTC.
+
+    With `reads` on PostgreSQL, also sets two planner settings for the transaction: no
+    JIT compilation (these reads are short; compiling one, for a plan whose estimate
+    crosses jit_above_cost, costs more than running it), and generic plans allowed for
+    the prepared statements (the engine plans every run anew, `SqlLedger.from_url`, which
+    costs these statements more than they take to run; one user's range of an index is
+    the plan whatever the values)."""
     dialect = conn.dialect.name
     if dialect == "postgresql":
-        value: Any = await conn.scalar(sa.text("SELECT now()"))
+        settings = (
+            ", set_config('jit', 'off', true), set_config('plan_cache_mode', 'auto', true)"
+            if reads
+            else ""
+        )
+        value: Any = await conn.scalar(sa.text(f"SELECT now(){settings}"))
     elif dialect == "sqlite":
         text = await conn.scalar(sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
         value = datetime.fromisoformat(str(text))
@@ -102,11 +120,11 @@ def _newest_first(time_column: Any, id_column: Any, after: Keyset | None) -> Any
 # -- received ---------------------------------------------------------------------------------
 
 
-def _best_luck() -> Any:
-    """True for a claim that is the best luck of its packet: the packet is lucky and
-    finished (exhausted, or expired and closed), no claim of it is larger, and no claim
-    as large was grabbed earlier (by time, then share index, as `Hongbao.claims` orders
-    them). Three index probes on (packet_id, amount) per claim."""
+def _is_best_luck() -> Any:
+    """True for a claim that is the best luck of its packet (hb_packets joined): the
+    packet is lucky and finished (exhausted, or expired and closed), no claim of it is
+    larger, and no claim as large was grabbed earlier (by time, then share index, as
+    `Hongbao.claims` orders them). Three index probes on (packet_id, amount) per claim."""
     other = claims.alias("other")
     same_packet = other.c.packet_id == claims.c.packet_id
     beaten = sa.or_(
@@ -123,8 +141,60 @@ def _best_luck() -> Any:
             other.c.share_idx < claims.c.share_idx,
         ),
     )
-    finished = packets.c.status != "active"
-    return sa.case((sa.and_(packets.c.mode == "lucky", finished, sa.not_(beaten)), 1), else_=0)
+    return sa.and_(packets.c.mode == "lucky", packets.c.status != "active", sa.not_(beaten))
+
+
+def _best_luck() -> Any:
+    """1 for a claim that is its packet's best luck, else 0."""
+    return sa.case((_is_best_luck(), 1), else_=0)
+
+
+def _received_totals(user_id: str, start: datetime, end: datetime) -> Any:
+    """One row: the user's claims in [start, end), their sum, and how many are their
+    packet's best luck, in two parts.
+
+    Up to the best-luck mark, best luck is read from hb_best_luck (one index range); after
+    it, claim by claim (`_is_best_luck`). A packet counts in the first part when its best
+    claim is before the mark, in the second when it is not; every finished packet with a
+    claim before the mark has its hb_best_luck row (see `index_best_luck`), so each packet
+    counts once. Count and sum come from the (user_id, claimed_at, id, amount) index."""
+    mark = (
+        sa.select(history_marks.c.at)
+        .where(history_marks.c.name == BEST_LUCK_MARK)
+        .scalar_subquery()
+    )
+    cut = sa.func.coalesce(mark, start)
+    sums = (
+        sa.select(
+            sa.func.count().label("n"),
+            sa.func.coalesce(sa.func.sum(claims.c.amount), 0).label("amount"),
+        )
+        .where(claims.c.user_id == user_id, claims.c.claimed_at >= start, claims.c.claimed_at < end)
+        .subquery()
+    )
+    indexed = (
+        sa.select(sa.func.count())
+        .where(
+            best_luck.c.user_id == user_id,
+            best_luck.c.claimed_at >= start,
+            best_luck.c.claimed_at < end,
+            best_luck.c.claimed_at < cut,
+        )
+        .scalar_subquery()
+    )
+    recent = (
+        sa.select(sa.func.count())
+        .select_from(claims.join(packets, packets.c.id == claims.c.packet_id))
+        .where(
+            claims.c.user_id == user_id,
+            claims.c.claimed_at >= start,
+            claims.c.claimed_at < end,
+            claims.c.claimed_at >= cut,
+            _is_best_luck(),
+        )
+        .scalar_subquery()
+    )
+    return sa.select(sums.c.n, sums.c.amount, indexed, recent)
 
 
 async def received(
@@ -160,18 +230,11 @@ async def received(
         .order_by(claims.c.claimed_at.desc(), claims.c.id.desc())
         .limit(limit + 1)
     )
-    totals_query = (
-        sa.select(
-            sa.func.count(),
-            sa.func.coalesce(sa.func.sum(claims.c.amount), 0),
-            sa.func.coalesce(sa.func.sum(best), 0),
-        )
-        .select_from(joined)
-        .where(in_range)
-    )
     async with snapshot(engine) as (conn, as_of):
         rows = (await conn.execute(page_query)).all()
-        count, amount, best_count = (await conn.execute(totals_query)).one()
+        count, amount, indexed, recent = (
+            await conn.execute(_received_totals(user_id, start, end))
+        ).one()
     items = [
         Received(
             packet_id=r.packet_id,
@@ -189,7 +252,7 @@ async def received(
         user_id=user_id,
         year=year,
         items=items,
-        totals=ReceivedTotals(int(count), int(amount), int(best_count)),
+        totals=ReceivedTotals(int(count), int(amount), int(indexed or 0) + int(recent or 0)),
         as_of=as_of,
         next_after=items[-1].position if len(rows) > limit else None,
     )
@@ -407,3 +470,57 @@ async def statement(engine: AsyncEngine, day: date) -> Statement:
         as_of=as_of,
         wallets_off=off,
     )
+
+
+# -- the best-luck index ----------------------------------------------------------------------
+
+
+async def index_best_luck(conn: AsyncConnection, batch: int) -> tuple[int, datetime]:
+    """Give up to `batch` finished packets without one their hb_best_luck row, oldest
+    first, and move the best-luck mark; how many were given one, and the mark.
+
+    The mark stays `MARK_MARGIN` before the oldest packet that is open or finished without
+    a row, and before the clock: every finished packet created before it has its row, and
+    so has every packet with a claim before it. A packet finished later cannot have one:
+    its claims are after its time, which is after the mark. Run in a write transaction;
+    the rows of a finished packet never change, so a row is written once."""
+    mark = await conn.scalar(
+        sa.select(history_marks.c.at).where(history_marks.c.name == BEST_LUCK_MARK)
+    )
+    indexed = sa.exists().where(best_luck.c.packet_id == packets.c.id)
+    query = sa.select(packets.c.id, packets.c.created_at).where(
+        packets.c.status.in_(("exhausted", "expired")), sa.not_(indexed)
+    )
+    if mark is not None:
+        query = query.where(packets.c.created_at >= mark)
+    found = (await conn.execute(query.order_by(packets.c.created_at).limit(batch + 1))).all()
+    todo = [packet_id for packet_id, _ in found[:batch]]
+    if todo:
+        winners = await conn.execute(
+            sa.select(claims.c.packet_id, claims.c.user_id, claims.c.claimed_at)
+            .select_from(claims.join(packets, packets.c.id == claims.c.packet_id))
+            .where(among(conn, claims.c.packet_id, todo), _is_best_luck())
+        )
+        best = {p: (u, t) for p, u, t in winners}
+        rows = [
+            {
+                "packet_id": p,
+                "user_id": best.get(p, (None, None))[0],
+                "claimed_at": best.get(p, (None, None))[1],
+            }
+            for p in todo
+        ]
+        await conn.execute(best_luck.insert(), rows)
+    oldest_open = await conn.scalar(
+        sa.select(sa.func.min(packets.c.created_at)).where(packets.c.status == "active")
+    )
+    now = (await _ledger_now(conn)).replace(tzinfo=None)
+    bounds = [now, oldest_open, found[batch].created_at if len(found) > batch else None]
+    new_mark = min(b for b in bounds if b is not None) - MARK_MARGIN
+    if mark is None:
+        await conn.execute(history_marks.insert().values(name=BEST_LUCK_MARK, at=new_mark))
+    elif new_mark != mark:
+        await conn.execute(
+            history_marks.update().where(history_marks.c.name == BEST_LUCK_MARK).values(at=new_mark)
+        )
+    return len(todo), new_mark

@@ -58,8 +58,8 @@ entries = sa.Table(
     sa.Column("deposit_key", IdempotencyKey, nullable=True),
     sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
     sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
-    #: a wallet's entries newest first; the statement's day
-    sa.Index("ix_entries_user_id", "user_id", "id"),
+    #: a wallet's entries newest first, and (covering) the sum of those after one
+    sa.Index("ix_entries_user_id", "user_id", "id", "amount"),
     sa.Index("ix_entries_created", "created_at"),
 )
 
@@ -91,8 +91,12 @@ packets = sa.Table(
     sa.CheckConstraint("status IN ('active', 'exhausted', 'expired')", name="ck_packet_status"),
     sa.UniqueConstraint("sender_id", "idempotency_key", name="uq_packet_idempotency"),
     sa.Index("ix_packets_status_expires", "status", "expires_at"),
-    #: the packets a user sent, newest first
-    sa.Index("ix_packets_sender_time", "sender_id", "created_at", "id"),
+    #: the packets a user sent, newest first, and (covering) a year's totals
+    sa.Index(
+        "ix_packets_sender_time", "sender_id", "created_at", "id", "total_amount", "refunded_amount"
+    ),
+    #: the oldest open packet; finished packets by age (see hb_best_luck)
+    sa.Index("ix_packets_status_created", "status", "created_at"),
 )
 
 shares = sa.Table(
@@ -118,8 +122,31 @@ claims = sa.Table(
     ),
     sa.UniqueConstraint("packet_id", "user_id", name="uq_claim_packet_user"),
     sa.UniqueConstraint("packet_id", "share_idx", name="uq_claim_packet_share"),
-    #: the packets a user grabbed, newest first
-    sa.Index("ix_claims_user_time", "user_id", "claimed_at", "id"),
+    #: the packets a user grabbed, newest first, and (covering) a year's count and sum
+    sa.Index("ix_claims_user_time", "user_id", "claimed_at", "id", "amount"),
     #: the largest claims of a packet first: is this claim its best luck?
     sa.Index("ix_claims_packet_amount", "packet_id", "amount"),
+)
+
+#: who got the best luck of each finished packet: derived from hb_packets and hb_claims
+#: (`hongbao.ledger.history.index_best_luck`), so that a year's best-luck count is one
+#: index range. A finished packet's claims never change, so neither does its row.
+best_luck = sa.Table(
+    "hb_best_luck",
+    metadata,
+    sa.Column("packet_id", PacketId, sa.ForeignKey("hb_packets.id"), primary_key=True),
+    #: the largest claim's user and time (ties: the earliest grab); NULL when the packet
+    #: has no best luck (equal shares, or not one claim)
+    sa.Column("user_id", UserId, nullable=True),
+    sa.Column("claimed_at", Timestamp, nullable=True),
+    sa.Index("ix_best_luck_user_time", "user_id", "claimed_at"),
+)
+
+#: named moments of derived tables; "best_luck": every finished packet created before it
+#: has its hb_best_luck row
+history_marks = sa.Table(
+    "hb_history_marks",
+    metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("at", Timestamp, nullable=False),
 )

@@ -313,6 +313,10 @@ class SqlLedger:
         async with self._connect() as conn:
             return await audit_ledger(conn)
 
+    async def transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `work` in one write transaction, again on a conflict with another."""
+        return await self._transaction(work)
+
     def _connect(self) -> Any:
         return _Guard(self.engine)
 
