@@ -25,7 +25,8 @@ Scenarios = Annotated[
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
         "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-http, designs, memory, "
-        "hongbao-cluster (default: all; hongbao-cluster needs a redis+cluster:// URL).",
+        "history, hongbao-cluster (default: all; hongbao-cluster needs a redis+cluster:// "
+        "URL).",
         show_default=False,
     ),
 ]

@@ -15,6 +15,9 @@ Scenario names (``--scenarios``), in the order they run:
   (`hongbao_bench.seed_scenarios`);
 * ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet
   (`hongbao_bench.memory`);
+* ``history``: pages of the red-packet record and of a wallet's entries over a ledger of
+  1,000,000 claims on PostgreSQL, and smaller ones on MariaDB and SQLite
+  (`hongbao_bench.history_scenario`);
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
   (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison.
@@ -27,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from hongbao_bench.cluster_scenario import cluster_scenario
 from hongbao_bench.common import BenchContext, Outcome
 from hongbao_bench.engine_scenario import ack_modes, hongbao, hongbao_nocoalesce, hongbao_spread
+from hongbao_bench.history_scenario import history_scenario
 from hongbao_bench.http_scenario import hongbao_http
 from hongbao_bench.memory import memory_scenario
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
@@ -44,6 +48,7 @@ RUNNERS: dict[str, Runner] = {
     "hongbao-http": hongbao_http,
     "designs": designs,
     "memory": memory_scenario,
+    "history": history_scenario,
     "hongbao-cluster": cluster_scenario,
 }
 #: groups of scenarios, in the order they run

@@ -50,6 +50,9 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         "hongbao-http",
         "hello-world",
         "memory",
+        "history-received@sqlite",
+        "history-sent@sqlite",
+        "history-entries@sqlite",
     ):
         assert name in names
     ours = [row for row in data["scenarios"] if row["ours"]]
