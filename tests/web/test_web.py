@@ -469,3 +469,108 @@ def test_an_expired_packet_says_its_money_went_back(
     sign_in(page, "olga")
     outcome = page.get_by_test_id("outcome")
     expect(outcome).to_contain_text("¥3.00 returned to the sender", timeout=15_000)
+
+
+def test_my_red_packets_received_and_sent_by_year(
+    browser: Any, server: Serve, contexts: list[Any]
+) -> None:
+    from playwright.sync_api import expect
+
+    tokens = {
+        name: httpx.post(f"{server.url}/demo/token", json={"name": name}).json()["token"]
+        for name in ("rita", "sam", "tom", "uma")
+    }
+
+    def auth(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {tokens[name]}"}
+
+    packets = []
+    for total, count, mode in ((600, 3, "lucky"), (900, 3, "lucky"), (200, 2, "equal")):
+        r = httpx.post(
+            f"{server.url}/v1/packets",
+            headers=auth("rita"),
+            json={"total_amount": total, "count": count, "mode": mode, "greeting": "新年好"},
+        )
+        assert r.status_code == 201, r.text
+        packets.append(r.json()["id"])
+    got: dict[str, dict[str, int]] = {"sam": {}, "tom": {}, "uma": {}}
+    takers = (["sam", "tom", "uma"], ["sam", "tom", "uma"], ["sam", "tom"])
+    for packet_id, grabbers in zip(packets, takers, strict=True):
+        for name in grabbers:
+            r = httpx.post(f"{server.url}/v1/packets/{packet_id}/grab", headers=auth(name))
+            assert r.status_code == 200, r.text
+            got[name][packet_id] = r.json()["amount"]
+    lucky = [  # who got the best luck of each lucky packet (equal shares have none)
+        httpx.get(f"{server.url}/v1/packets/{p}/claims", headers=auth("sam")).json()["best_luck"]
+        for p in packets[:2]
+    ]
+    # the page of someone who got a best luck, so that its badge shows
+    name = max(got, key=lambda n: lucky.count(f"demo-{n}"))
+    best = lucky.count(f"demo-{name}")
+    assert best >= 1
+
+    def counted(user: str) -> int:
+        r = httpx.get(f"{server.url}/v1/users/demo-{user}/received", headers=auth(user))
+        return int(r.json()["totals"]["count"])
+
+    deadline = time.monotonic() + 15
+    while any(counted(n) < len(got[n]) for n in got) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the record shows a grab once the persister credited it
+
+    page = phone(browser, contexts)
+    page.goto(server.url + "/")
+    sign_in(page, name)
+    page.get_by_test_id("records-link").click()
+    page.wait_for_url(re.compile(r"/me$"))
+    fen = sum(got[name].values())
+    expect(page.get_by_test_id("totals-amount")).to_have_attribute("data-fen", str(fen))
+    expect(page.get_by_test_id("totals-amount")).to_have_text(f"¥{fen // 100}.{fen % 100:02d}")
+    expect(page.get_by_test_id("totals-count")).to_have_text(f"收到红包 {len(got[name])} 个")
+    expect(page.get_by_test_id("totals-extra")).to_have_text(f"手气最佳 {best} 次")
+    rows = page.locator("[data-testid=history-list] li[data-packet]")
+    expect(rows).to_have_count(len(got[name]))
+    for packet_id, amount in got[name].items():
+        row = page.locator(f"[data-testid=history-list] li[data-packet='{packet_id}']")
+        expect(row).to_have_attribute("data-fen", str(amount))
+        expect(row).to_contain_text("demo-rita 的红包")
+    expect(page.get_by_test_id("record-best")).to_have_count(best)
+    expect(rows.first).to_have_attribute("data-packet", list(got[name])[-1])  # newest first
+    no_horizontal_scroll(page)
+    shot(page, "10-my-red-packets")
+
+    # the year before holds nothing; the words follow the language
+    year = page.get_by_test_id("year").input_value()
+    page.get_by_test_id("year").select_option(str(int(year) - 1))
+    expect(page.get_by_test_id("totals-amount")).to_have_text("¥0.00")
+    expect(page.locator("[data-testid=history-list] li.empty")).to_have_text("这一年还没有记录。")
+    page.get_by_test_id("lang").click()
+    expect(page.get_by_test_id("totals-count")).to_have_text("0 packet(s) received")
+    expect(page.locator("[data-testid=history-list] li.empty")).to_have_text(
+        "Nothing in this year yet."
+    )
+    # a record row opens its packet
+    page.get_by_test_id("year").select_option(year)
+    rows.first.locator("a").click()
+    newest = list(got[name])[-1]
+    page.wait_for_url(re.compile(rf"/p/{newest}$"))
+    expect(page.get_by_test_id("my-amount")).to_have_attribute("data-fen", str(got[name][newest]))
+
+    # the sender's side: what went out, and how each packet ended
+    rita = phone(browser, contexts, "en-US")
+    rita.goto(server.url + "/me")
+    sign_in(rita, "rita")
+    rita.get_by_test_id("tab-sent").click()
+    expect(rita.get_by_test_id("tab-sent")).to_have_attribute("aria-selected", "true")
+    expect(rita.get_by_test_id("totals-amount")).to_have_text("¥17.00")
+    expect(rita.get_by_test_id("totals-count")).to_have_text("3 packet(s) sent")
+    sent_rows = rita.locator("[data-testid=history-list] li[data-packet]")
+    expect(sent_rows).to_have_count(3)
+    expect(sent_rows.first).to_contain_text("Equal shares · 新年好")
+    expect(sent_rows.first).to_contain_text("All 2 taken")
+    expect(sent_rows.nth(1)).to_contain_text("Lucky")
+    expect(sent_rows.nth(1)).to_have_attribute("data-fen", "900")
+    no_horizontal_scroll(rita)
+    shot(rita, "11-my-red-packets-sent")
+    # another user's record is not shown to her
+    r = httpx.get(f"{server.url}/v1/users/demo-sam/received", headers=auth("rita"))
+    assert r.status_code == 403

@@ -1,7 +1,8 @@
 """The web app's endpoints: the page, its static files, live events, demo sign-in, dashboard.
 
-- ``GET /``, ``GET /p/{id}`` (share link) and ``GET /admin``: the page (one HTML file,
-  the JavaScript picks the screen from the path; ``/#/p/{id}`` works too).
+- ``GET /``, ``GET /p/{id}`` (share link), ``GET /me`` (my red packets) and ``GET /admin``:
+  the page (one HTML file, the JavaScript picks the screen from the path; ``/#/p/{id}``
+  works too).
 - ``GET /static/...``: its CSS, JavaScript and strings, packaged with hongbao.
 - ``GET /v1/packets/{id}/events``: Server-Sent Events (``text/event-stream``). Each
   ``packet`` event carries ``{"packet": ..., "claims": ...}`` (the bodies of
@@ -217,6 +218,7 @@ class WebApp:
         routes: list[BaseRoute] = [
             Route("/", self.page, methods=["GET"]),
             Route("/p/{packet_id}", self.page, methods=["GET"]),
+            Route("/me", self.page, methods=["GET"]),
             Route("/admin", self.page, methods=["GET"]),
             Route("/admin/stats", self.admin_stats, methods=["GET"]),
             Route("/v1/packets/{packet_id}/events", self.events, methods=["GET"]),

@@ -1,4 +1,5 @@
-// hongbao web page: sign in, wallet, send, open a packet, live claims, operator dashboard.
+// hongbao web page: sign in, wallet, send, open a packet, live claims, my red packets
+// (received and sent, by year), operator dashboard.
 // Plain JavaScript, no framework, no network access except this service's own API.
 // Money is handled as integer fen throughout; the yuan text a person types is parsed
 // as digits (never through a floating-point number).
@@ -157,6 +158,7 @@
     var path = /^\/p\/([^/?#]+)$/.exec(location.pathname);
     if (path) return { name: "packet", id: decodeURIComponent(path[1]) };
     if (location.pathname === "/admin") return { name: "admin" };
+    if (location.pathname === "/me") return { name: "history" };
     return { name: "home" };
   }
 
@@ -166,7 +168,7 @@
   }
 
   function show(view) {
-    ["signin", "home", "packet", "admin"].forEach(function (name) {
+    ["signin", "home", "packet", "history", "admin"].forEach(function (name) {
       $("view-" + name).hidden = name !== view;
     });
   }
@@ -181,6 +183,7 @@
     if (r.name === "admin") return renderAdmin();
     if (!auth) return renderSignIn();
     if (r.name === "packet") return renderPacket(r.id);
+    if (r.name === "history") return renderHistory();
     return renderHome();
   }
 
@@ -471,6 +474,179 @@
     var done = function () { notify(t("packet.copied")); };
     if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(input.value).then(done, function () {});
     else { try { document.execCommand("copy"); done(); } catch (e) { /* selected for manual copy */ } }
+  });
+
+  // -- my red packets -------------------------------------------------------------------
+
+  var HISTORY_PAGE = 20;
+  var HISTORY_YEARS = 5; // this year and the four before it
+  var historyTab = "received";
+
+  function locale() { return lang === "zh" ? "zh-CN" : "en-GB"; }
+
+  function when(iso) {
+    return new Date(iso).toLocaleString(locale(), {
+      year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit"
+    });
+  }
+
+  function renderHistory() {
+    show("history");
+    var thisYear = new Date().getUTCFullYear();
+    var state = { year: thisYear, data: null, items: [], closed: false, asked: 0 };
+    current = function () { state.closed = true; };
+    var select = $("year");
+    select.textContent = "";
+    for (var y = thisYear; y > thisYear - HISTORY_YEARS; y--) {
+      var option = document.createElement("option");
+      option.value = String(y);
+      select.appendChild(option);
+    }
+    select.value = String(state.year);
+
+    function path(cursor) {
+      var base = "/v1/users/" + encodeURIComponent(auth.user) + "/" + historyTab +
+        "?limit=" + HISTORY_PAGE + "&year=" + state.year;
+      return cursor ? base + "&cursor=" + encodeURIComponent(cursor) : base;
+    }
+
+    function load(more) {
+      var asked = ++state.asked; // only the answer to the latest question is shown
+      var button = $("history-more");
+      button.disabled = true;
+      api("GET", path(more && state.data ? state.data.next_cursor : null)).then(function (data) {
+        if (state.closed || asked !== state.asked) return;
+        state.items = more ? state.items.concat(data.items) : data.items;
+        state.data = data;
+        draw();
+      }, showError).then(function () { button.disabled = false; });
+    }
+
+    function restart() {
+      state.data = null;
+      state.items = [];
+      draw();
+      load(false);
+    }
+
+    function draw() {
+      var received = historyTab === "received";
+      Array.prototype.forEach.call(select.options, function (o) {
+        o.textContent = t("history.yearOption", { year: o.value });
+      });
+      ["received", "sent"].forEach(function (tab) {
+        var button = $("tab-" + tab);
+        button.setAttribute("aria-selected", tab === historyTab ? "true" : "false");
+        button.tabIndex = tab === historyTab ? 0 : -1;
+      });
+      $("history-panel").setAttribute("aria-labelledby", "tab-" + historyTab);
+      $("totals-label").textContent = t(received ? "history.receivedTotal" : "history.sentTotal", { year: state.year });
+      var d = state.data;
+      var list = $("history-list");
+      list.textContent = "";
+      if (!d) {
+        $("totals-amount").textContent = "—";
+        $("totals-count").textContent = "";
+        $("totals-extra").textContent = "";
+        $("history-more").hidden = true;
+        $("history-asof").textContent = "";
+        return;
+      }
+      $("totals-amount").textContent = yuan(d.totals.amount);
+      $("totals-amount").setAttribute("data-fen", String(d.totals.amount));
+      $("totals-count").textContent = t(received ? "history.receivedCount" : "history.sentCount", { count: d.totals.count });
+      $("totals-extra").textContent = received
+        ? t("history.bestLuck", { count: d.totals.best_luck_count })
+        : (d.totals.refunded ? t("history.refundedTotal", { amount: yuan(d.totals.refunded) }) : "");
+      if (!state.items.length) {
+        var empty = document.createElement("li");
+        empty.className = "empty";
+        empty.textContent = t("history.none");
+        list.appendChild(empty);
+      }
+      state.items.forEach(function (x) { list.appendChild(record(x, received)); });
+      $("history-more").hidden = !d.next_cursor;
+      $("history-asof").textContent = t("history.asOf", { time: new Date(d.as_of).toLocaleString(locale()) });
+    }
+
+    function record(x, received) {
+      var li = document.createElement("li");
+      li.setAttribute("data-packet", x.packet_id);
+      var link = document.createElement("a");
+      link.className = "record";
+      link.href = "/p/" + encodeURIComponent(x.packet_id);
+      var main = document.createElement("span");
+      main.className = "record-main";
+      var title = document.createElement("span");
+      title.className = "record-title";
+      var sub = document.createElement("span");
+      sub.className = "record-sub";
+      var amount = document.createElement("span");
+      amount.className = "record-amount";
+      var fen = received ? x.amount : x.total_amount;
+      amount.textContent = yuan(fen);
+      li.setAttribute("data-fen", String(fen));
+      var time = document.createElement("time");
+      time.dateTime = received ? x.claimed_at : x.created_at;
+      time.textContent = when(time.dateTime);
+      if (received) {
+        title.textContent = t("packet.from", { user: x.sender_id });
+      } else {
+        title.textContent = t(x.mode === "equal" ? "history.equal" : "history.lucky") +
+          (x.greeting ? " · " + x.greeting : "");
+        var status = t("history." + x.status, { taken: x.claimed_count, count: x.count });
+        if (x.refunded_amount) status += t("history.refunded", { amount: yuan(x.refunded_amount) });
+        sub.appendChild(document.createTextNode(status + " · "));
+      }
+      sub.appendChild(time);
+      main.appendChild(title);
+      main.appendChild(sub);
+      link.appendChild(main);
+      link.appendChild(amount);
+      li.appendChild(link);
+      if (received && x.best_luck) {
+        li.className = "best";
+        var badge = document.createElement("span");
+        badge.className = "badge";
+        badge.setAttribute("data-testid", "record-best");
+        badge.textContent = "👑 " + t("history.bestBadge");
+        link.appendChild(badge);
+      }
+      return li;
+    }
+
+    rerender = draw;
+    ["received", "sent"].forEach(function (tab) {
+      $("tab-" + tab).onclick = function () {
+        if (historyTab === tab) return;
+        historyTab = tab;
+        restart();
+      };
+    });
+    $("tab-received").parentNode.onkeydown = function (event) {
+      if (event.key !== "ArrowLeft" && event.key !== "ArrowRight") return;
+      historyTab = historyTab === "received" ? "sent" : "received";
+      $("tab-" + historyTab).focus();
+      restart();
+    };
+    select.onchange = function () {
+      state.year = parseInt(select.value, 10);
+      restart();
+    };
+    $("history-more").onclick = function () { load(true); };
+    restart();
+  }
+
+  $("history-list").addEventListener("click", function (event) {
+    var link = event.target.closest ? event.target.closest("a.record") : null;
+    if (!link || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    event.preventDefault();
+    go(link.getAttribute("href"));
+  });
+
+  $("records-link").addEventListener("click", function (event) {
+    event.preventDefault();
+    go("/me");
   });
 
   // -- operator dashboard ---------------------------------------------------------------
