@@ -10,6 +10,7 @@ meanwhile neither shift nor repeat the rows a client has not seen yet.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
@@ -117,6 +118,13 @@ def _newest_first(time_column: Any, id_column: Any, after: Keyset | None) -> Any
     return sa.and_(time_column <= at, sa.or_(time_column < at, id_column < after.row_id))
 
 
+def _after_bound(time_column: Any, id_column: Any) -> Any:
+    """`_newest_first` with bind parameters ``after_at`` and ``after_id``."""
+    at = sa.bindparam("after_at", type_=time_column.type)
+    row_id = sa.bindparam("after_id", type_=id_column.type)
+    return sa.and_(time_column <= at, sa.or_(time_column < at, id_column < row_id))
+
+
 # -- received ---------------------------------------------------------------------------------
 
 
@@ -149,7 +157,40 @@ def _best_luck() -> Any:
     return sa.case((_is_best_luck(), 1), else_=0)
 
 
-def _received_totals(user_id: str, start: datetime, end: datetime) -> Any:
+@functools.cache
+def _received_page(after: bool) -> Any:
+    """A page of a user's claims in [start, end), newest first, with their packets and
+    whether each is its packet's best luck; `after`: below ``after_at``/``after_id``.
+    Built once (with bind parameters): these statements take longer to build than to run.
+    """
+    in_range = sa.and_(
+        claims.c.user_id == sa.bindparam("user_id", type_=claims.c.user_id.type),
+        claims.c.claimed_at >= sa.bindparam("start", type_=claims.c.claimed_at.type),
+        claims.c.claimed_at < sa.bindparam("end", type_=claims.c.claimed_at.type),
+    )
+    query = (
+        sa.select(
+            claims.c.id,
+            claims.c.packet_id,
+            claims.c.amount,
+            claims.c.claimed_at,
+            packets.c.sender_id,
+            packets.c.greeting,
+            packets.c.mode,
+            _best_luck().label("best"),
+        )
+        .select_from(claims.join(packets, packets.c.id == claims.c.packet_id))
+        .where(in_range)
+        .order_by(claims.c.claimed_at.desc(), claims.c.id.desc())
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
+    if after:
+        query = query.where(_after_bound(claims.c.claimed_at, claims.c.id))
+    return query
+
+
+@functools.cache
+def _received_totals() -> Any:
     """One row: the user's claims in [start, end), their sum, and how many are their
     packet's best luck, in two parts.
 
@@ -157,7 +198,11 @@ def _received_totals(user_id: str, start: datetime, end: datetime) -> Any:
     it, claim by claim (`_is_best_luck`). A packet counts in the first part when its best
     claim is before the mark, in the second when it is not; every finished packet with a
     claim before the mark has its hb_best_luck row (see `index_best_luck`), so each packet
-    counts once. Count and sum come from the (user_id, claimed_at, id, amount) index."""
+    counts once. Count and sum come from the (user_id, claimed_at, id, amount) index.
+    Bind parameters ``user_id``, ``start`` and ``end``; built once."""
+    user_id = sa.bindparam("user_id", type_=claims.c.user_id.type)
+    start = sa.bindparam("start", type_=claims.c.claimed_at.type)
+    end = sa.bindparam("end", type_=claims.c.claimed_at.type)
     mark = (
         sa.select(history_marks.c.at)
         .where(history_marks.c.name == BEST_LUCK_MARK)
@@ -209,32 +254,13 @@ async def received(
 ) -> ReceivedPage:
     """The user's claims with `start <= claimed_at < end` (naive UTC), newest first,
     `limit` from after `after`; totals over the whole range."""
-    joined = claims.join(packets, packets.c.id == claims.c.packet_id)
-    in_range = sa.and_(
-        claims.c.user_id == user_id, claims.c.claimed_at >= start, claims.c.claimed_at < end
-    )
-    best = _best_luck()
-    page_query = (
-        sa.select(
-            claims.c.id,
-            claims.c.packet_id,
-            claims.c.amount,
-            claims.c.claimed_at,
-            packets.c.sender_id,
-            packets.c.greeting,
-            packets.c.mode,
-            best.label("best"),
-        )
-        .select_from(joined)
-        .where(in_range, _newest_first(claims.c.claimed_at, claims.c.id, after))
-        .order_by(claims.c.claimed_at.desc(), claims.c.id.desc())
-        .limit(limit + 1)
-    )
+    values: dict[str, Any] = {"user_id": user_id, "start": start, "end": end}
+    page_values = {**values, "limit": limit + 1}
+    if after is not None:
+        page_values.update(after_at=from_micros(after.at_us), after_id=after.row_id)
     async with snapshot(engine) as (conn, as_of):
-        rows = (await conn.execute(page_query)).all()
-        count, amount, indexed, recent = (
-            await conn.execute(_received_totals(user_id, start, end))
-        ).one()
+        rows = (await conn.execute(_received_page(after is not None), page_values)).all()
+        count, amount, indexed, recent = (await conn.execute(_received_totals(), values)).one()
     items = [
         Received(
             packet_id=r.packet_id,
