@@ -54,13 +54,6 @@ from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import LiveStatus
 
-#: GrabResult from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
-_new_result = tuple.__new__
-#: module constants: reading a member off an Enum class goes through EnumType.__getattr__
-#: (about as costly as the rest of the status checks of a grab together)
-_UNKNOWN = GrabStatus.UNKNOWN
-_GRANTED = GrabStatus.GRANTED
-
 _RECORD_CACHE = 10_000
 #: valid packet ids seen lately and their Redis keys (the cache is cleared when full)
 _KEYS_CACHE = 16_384
@@ -194,18 +187,18 @@ class Hongbao:
         keys = self.keys_of(packet_id)
         submit = self.coalescer.submit
         status, seq, amount, at = await submit(keys, user_id)
-        if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
+        if status is GrabStatus.UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             loaded, record = await self._loaded(packet_id)
             if loaded:
                 status, seq, amount, at = await submit(keys, user_id)
-            if status is _UNKNOWN:
+            if status is GrabStatus.UNKNOWN:
                 return await self._grab_from_ledger(record, packet_id, user_id)
         if not seq:  # the user holds no share
             raise _refusal(packet_id, status)
         if self.durability.waits:
             await self.durability.confirm(keys, user_id, ClaimValue(seq, amount, at))
-        first = status is _GRANTED
-        return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
+        first = status is GrabStatus.GRANTED
+        return GrabResult(packet_id, user_id, amount, seq, first, at)
 
     def keys_of(self, packet_id: str) -> PacketKeys:
         """The Redis keys of a well-formed packet id; PacketNotFound for any other text.

@@ -15,6 +15,8 @@ Scenario names (``--scenarios``), in the order they run:
   (`hongbao_bench.seed_scenarios`);
 * ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet
   (`hongbao_bench.memory`);
+* ``micro``: what each performance seam of the grab path saves against the plain way
+  (`hongbao_bench.micro`);
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
   (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison.
@@ -29,6 +31,7 @@ from hongbao_bench.common import BenchContext, Outcome
 from hongbao_bench.engine_scenario import ack_modes, hongbao, hongbao_nocoalesce, hongbao_spread
 from hongbao_bench.http_scenario import hongbao_http
 from hongbao_bench.memory import memory_scenario
+from hongbao_bench.micro import micro
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
 
 Runner = Callable[[BenchContext], Awaitable[list[Outcome]]]
@@ -44,6 +47,7 @@ RUNNERS: dict[str, Runner] = {
     "hongbao-http": hongbao_http,
     "designs": designs,
     "memory": memory_scenario,
+    "micro": micro,
     "hongbao-cluster": cluster_scenario,
 }
 #: groups of scenarios, in the order they run
