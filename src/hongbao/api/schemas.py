@@ -12,8 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hongbao.auth import USER_ID_PATTERN
-from hongbao.domain.ids import PACKET_ID_PATTERN
+from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
 from hongbao.domain.models import ClaimsList, GrabResult, Packet, Wallet
 
 #: the largest single deposit, fen (100 million yuan); keeps wallets far from BIGINT overflow
@@ -108,6 +107,18 @@ class Problem(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "ready"]
+
+
+class RevokedOut(BaseModel):
+    user_id: UserId
+    revoked_until: str = Field(
+        description="the user's tokens issued at or before this moment are refused"
+    )
+
+
+class TicketOut(BaseModel):
+    ticket: str = Field(description="for ?ticket= on this packet's event stream")
+    expires_in: int = Field(ge=1, description="seconds the ticket may be used to connect")
 
 
 # -- the web app's JSON endpoints (hongbao.web) --------------------------------------------

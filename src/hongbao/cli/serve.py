@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hongbao.auth import secret_from_env_or_dir
 from hongbao.cli.options import (
     DEFAULT_DATA_DIR,
     DatabaseUrl,
@@ -25,6 +24,7 @@ from hongbao.cli.options import (
 )
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, InvalidRequest
+from hongbao.identity.config import IdentityConfig
 from hongbao.settings import Settings
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
@@ -175,7 +175,7 @@ def serve(
     metrics_dir: Path | None = None
     try:
         with friendly_errors():
-            secret = secret_from_env_or_dir(os.environ.get("HONGBAO_SECRET"), data_dir)
+            identity = IdentityConfig.from_env(data_dir=data_dir)
             settings, server = _settings(data_dir, redis_url, database_url)
         _check_connect(settings)
         embedded = server is not None
@@ -197,7 +197,8 @@ def serve(
         options = uvicorn_options(host, port, log_level.lower(), access_log)
         if workers == 1:
             uvicorn.run(
-                create_app(settings, secret, run_workers=persister, demo_mode=embedded), **options
+                create_app(settings, identity, run_workers=persister, demo_mode=embedded),
+                **options,
             )
         else:
             metrics_dir = workers_folder(data_dir)
