@@ -308,3 +308,14 @@ def test_access_log_never_shows_a_token_or_ticket() -> None:
     )
     assert RedactCredentials().filter(record)
     assert "secret" not in record.getMessage() and "ticket=[redacted]" in record.getMessage()
+
+
+async def test_a_provider_that_is_down_is_not_asked_again_and_again(tmp_path: Path) -> None:
+    from hongbao.identity.jwks import JwksKeys
+
+    keys = JwksKeys((tmp_path / "missing.json").as_uri(), min_refresh=60, max_age=3600)
+    assert keys.stale
+    assert not await keys.refresh()  # the file is not there: kept trying later
+    assert not keys.stale and keys.keys == {}
+    assert not await keys.refresh_for("k1")
+    assert not await keys.refresh_for("k1")  # within min_refresh: not fetched at all

@@ -104,6 +104,8 @@ class JwksKeys:
         #: monotonic time of the last successful fetch, and of the last one a kid asked for
         self.fetched_at: float | None = None
         self._asked_at: float | None = None
+        #: monotonic time of the last fetch tried, whatever came of it
+        self._tried_at: float | None = None
         self._fetching: asyncio.Task[bool] | None = None
 
     def get(self, kid: str | None) -> VerifyKey | None:
@@ -116,8 +118,13 @@ class JwksKeys:
 
     @property
     def stale(self) -> bool:
-        """True when the keys are older than `max_age` (or were never fetched)."""
-        return self.fetched_at is None or time.monotonic() - self.fetched_at >= self.max_age
+        """True when the keys are older than `max_age` (or were never fetched) and no fetch
+        was tried in the last `min_refresh` seconds (a provider that is down is not
+        asked again and again)."""
+        now = time.monotonic()
+        if self._tried_at is not None and now - self._tried_at < self.min_refresh:
+            return False
+        return self.fetched_at is None or now - self.fetched_at >= self.max_age
 
     async def refresh_for(self, kid: str | None) -> bool:
         """Fetch again for a kid the cache lacks, unless one was fetched for that reason
@@ -143,6 +150,7 @@ class JwksKeys:
         self._fetching = None
 
     async def _refresh(self) -> bool:
+        self._tried_at = time.monotonic()
         try:
             keys = await asyncio.to_thread(self._fetch)
         except (OSError, ValueError) as exc:
