@@ -46,9 +46,15 @@ def parse_event(event: Event) -> list[LedgerEvent]:
             from_ms(entry.closed_at_ms),
         )
         return [refund]
+    actors = entry.actors
     return [
         ClaimEvent(
-            entry.packet_id, claim.share_index, user, claim.amount, from_ms(claim.claimed_at_ms)
+            entry.packet_id,
+            claim.share_index,
+            user,
+            claim.amount,
+            from_ms(claim.claimed_at_ms),
+            actors.get(user) if actors else None,
         )
         for user, claim in entry.claims
     ]

@@ -109,11 +109,22 @@ class Hongbao:
 
     # -- wallets ------------------------------------------------------------------
 
-    async def deposit(self, user_id: str, amount: int, reference: str | None = None) -> Wallet:
-        """Add money to a wallet; a repeated `reference` changes nothing the second time."""
+    async def deposit(
+        self,
+        user_id: str,
+        amount: int,
+        reference: str | None = None,
+        actor: str | None = None,
+    ) -> Wallet:
+        """Add money to a wallet; a repeated `reference` changes nothing the second time.
+        `actor` (who deposits for the user, an admin) is recorded in the ledger."""
         require_user_id(user_id)
         require_amount(amount)
-        balance = await self.ledger.deposit(user_id, amount, reference or uuid.uuid4().hex)
+        if actor is not None:
+            require_user_id(actor, "actor")
+        balance = await self.ledger.deposit(
+            user_id, amount, reference or uuid.uuid4().hex, actor=actor
+        )
         return Wallet(user_id, balance)
 
     async def wallet(self, user_id: str) -> Wallet:
@@ -131,9 +142,13 @@ class Hongbao:
         greeting: str = "",
         expires_in: int | None = None,
         idempotency_key: str | None = None,
+        actor: str | None = None,
     ) -> Packet:
-        """Debit the sender, split the money into shares and open the packet for grabs."""
+        """Debit the sender, split the money into shares and open the packet for grabs.
+        `actor` (who sends for the sender, a service) is recorded in the ledger."""
         require_user_id(sender_id, "sender_id")
+        if actor is not None:
+            require_user_id(actor, "actor")
         require_amount(total_amount, "total_amount")
         if isinstance(count, bool) or not isinstance(count, int):
             raise InvalidRequest("count must be an integer", "count")
@@ -172,7 +187,9 @@ class Hongbao:
             expires_at=now + timedelta(seconds=lifetime),
             request_hash=hashlib.sha256(request.encode()).hexdigest(),
         )
-        record, created = await self.ledger.create_packet(record, amounts, idempotency_key)
+        record, created = await self.ledger.create_packet(
+            record, amounts, idempotency_key, actor=actor
+        )
         if created:
             await self._load(record, list(enumerate(amounts)), [])
         else:
@@ -181,16 +198,19 @@ class Hongbao:
 
     # -- grabbing -----------------------------------------------------------------
 
-    async def grab(self, packet_id: str, user_id: str) -> GrabResult:
-        """Take one share for this user; the same user again gets the same share back."""
+    async def grab(self, packet_id: str, user_id: str, actor: str | None = None) -> GrabResult:
+        """Take one share for this user; the same user again gets the same share back.
+        `actor` (who grabs for the user, a service) travels with the grant to the ledger."""
         require_user_id(user_id)
+        if actor is not None:
+            require_user_id(actor, "actor")
         keys = self.keys_of(packet_id)
         submit = self.coalescer.submit
-        status, seq, amount, at = await submit(keys, user_id)
+        status, seq, amount, at = await submit(keys, user_id, actor)
         if status is GrabStatus.UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             loaded, record = await self._loaded(packet_id)
             if loaded:
-                status, seq, amount, at = await submit(keys, user_id)
+                status, seq, amount, at = await submit(keys, user_id, actor)
             if status is GrabStatus.UNKNOWN:
                 return await self._grab_from_ledger(record, packet_id, user_id)
         if not seq:  # the user holds no share

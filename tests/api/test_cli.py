@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hongbao.auth import load_or_create_secret, verify_token
+from hongbao.identity.config import load_or_create_secret
 from tests.api.serving import clean_env, free_port, run_cli, servers_for
+from tests.tokens import claims_of
 
 SECRET = "cli-tests-secret-0123456789abcdef"
 
@@ -27,18 +28,19 @@ def test_tokens_in_order_with_env_secret() -> None:
     lines = done.stdout.splitlines()
     assert len(lines) == 3
     for user, token in zip(("alice", "bob", "carol"), lines, strict=True):
-        principal = verify_token(SECRET.encode(), token)
-        assert principal.user_id == user and principal.admin is False
-        assert principal.expires_at - time.time() == pytest.approx(86_400, abs=60)
+        claims = claims_of(token, SECRET.encode())
+        assert claims["sub"] == user and "roles" not in claims
+        assert claims["exp"] - time.time() == pytest.approx(86_400, abs=60)
+        assert claims["exp"] - claims["iat"] == 86_400
 
 
 def test_admin_token_with_ttl_from_the_data_dir_secret(tmp_path: Path) -> None:
     secret = load_or_create_secret(tmp_path)
     done = run_cli("token", "--admin", "--ttl", "60", "root", "--data-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    principal = verify_token(secret, done.stdout.strip())
-    assert principal.admin is True and principal.user_id == "root"
-    assert principal.expires_at - time.time() == pytest.approx(60, abs=10)
+    claims = claims_of(done.stdout.strip(), secret)
+    assert claims["roles"] == ["hongbao:admin"] and claims["sub"] == "root"
+    assert claims["exp"] - time.time() == pytest.approx(60, abs=10)
 
 
 def test_100k_tokens_in_seconds() -> None:
@@ -50,14 +52,14 @@ def test_100k_tokens_in_seconds() -> None:
     lines = done.stdout.splitlines()
     assert len(lines) == 100_000
     for i in (0, 1, 54_321, 99_999):
-        assert verify_token(SECRET.encode(), lines[i]).user_id == f"user{i}"
+        assert claims_of(lines[i], SECRET.encode())["sub"] == f"user{i}"
     assert elapsed < 10, f"{elapsed:.1f}s"
 
 
 def test_tokens_from_stdin() -> None:
     done = run_cli("token", "-", env=clean_env(HONGBAO_SECRET=SECRET), input="x1\nx2\n")
     assert done.returncode == 0, done.stderr
-    assert [verify_token(SECRET.encode(), t).user_id for t in done.stdout.split()] == ["x1", "x2"]
+    assert [claims_of(t, SECRET.encode())["sub"] for t in done.stdout.split()] == ["x1", "x2"]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,21 @@ def test_token_without_any_secret(tmp_path: Path) -> None:
 
 def test_token_with_short_secret() -> None:
     done = run_cli("token", "alice", env=clean_env(HONGBAO_SECRET="short"))
-    assert_usage_error(done, "at least 16 bytes")
+    assert_usage_error(done, "at least 32 bytes")
+    done = run_cli("token", "alice", env=clean_env(HONGBAO_SECRET="x" * 31))
+    assert_usage_error(done, "at least 32 bytes")
+
+
+def test_admin_tokens_live_at_most_a_day_and_service_tokens() -> None:
+    env = clean_env(HONGBAO_SECRET=SECRET)
+    done = run_cli("token", "--admin", "--ttl", "86401", "root", env=env)
+    assert_usage_error(done, "at most 86400")
+    done = run_cli("token", "--admin", "--ttl", "86400", "root", env=env)
+    assert claims_of(done.stdout.strip(), SECRET.encode())["roles"] == ["hongbao:admin"]
+    done = run_cli("token", "--service", "--ttl", "600000", "shop", env=env)
+    assert done.returncode == 0, done.stderr
+    claims = claims_of(done.stdout.strip(), SECRET.encode())
+    assert claims["roles"] == ["hongbao:service"] and claims["exp"] - claims["iat"] == 600_000
 
 
 @pytest.mark.parametrize(

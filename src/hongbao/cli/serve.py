@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hongbao.auth import secret_from_env_or_dir
 from hongbao.cli.options import (
     DEFAULT_DATA_DIR,
     DatabaseUrl,
@@ -26,6 +25,7 @@ from hongbao.cli.options import (
 )
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, InvalidRequest
+from hongbao.identity.config import IdentityConfig
 from hongbao.settings import Settings
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
@@ -257,7 +257,7 @@ def serve(
     metrics_dir: Path | None = None
     try:
         with friendly_errors():
-            secret = secret_from_env_or_dir(os.environ.get("HONGBAO_SECRET"), data_dir)
+            identity = IdentityConfig.from_env(data_dir=data_dir)
             settings, server = _settings(data_dir, redis_url, database_url)
         _check_connect(settings)
         embedded = server is not None
@@ -283,7 +283,7 @@ def serve(
             uvicorn.run(
                 create_app(
                     settings,
-                    secret,
+                    identity,
                     run_workers=persister,
                     demo_mode=demo,
                     metrics_address=metrics_address,

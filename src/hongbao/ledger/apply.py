@@ -159,7 +159,12 @@ class ApplyBatch:
             entries.insert(),
             [
                 entry_row(
-                    f"claim:{e.packet_id}:{e.share_idx}", e.user_id, "claim", e.amount, e.packet_id
+                    f"claim:{e.packet_id}:{e.share_idx}",
+                    e.user_id,
+                    "claim",
+                    e.amount,
+                    e.packet_id,
+                    e.actor,
                 )
                 for e in new
             ],

@@ -55,6 +55,8 @@ class ClaimEvent:
     user_id: str
     amount: int
     claimed_at: datetime
+    #: who grabbed for the user (a service acting for them), None when they did
+    actor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +160,20 @@ async def credit(conn: AsyncConnection, amounts: dict[str, int]) -> None:
 
 
 def entry_row(
-    reference: str, user_id: str, kind: str, amount: int, packet_id: str | None = None
+    reference: str,
+    user_id: str,
+    kind: str,
+    amount: int,
+    packet_id: str | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
+    """A row of hb_ledger_entries; `actor` is who acted for the user (None: the user)."""
     return {
         "reference": reference,
         "user_id": user_id,
         "kind": kind,
         "amount": amount,
         "packet_id": packet_id,
+        "actor": actor,
         "created_at": utcnow(),
     }

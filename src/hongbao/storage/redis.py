@@ -18,13 +18,15 @@ from hongbao.domain.models import GrabStatus
 from hongbao.errors import StorageError
 from hongbao.keys import (
     PERSISTER_GROUP,
+    REVOKED_KEY,
+    REVOKED_VERSION_KEY,
     PacketKeys,
     bucket_of_key,
     dead_letter_key,
     events_key,
     resolved_key,
 )
-from hongbao.storage.codec import ClaimValue, pack_share, unpack_share
+from hongbao.storage.codec import ClaimValue, grabber, pack_share, unpack_share
 from hongbao.storage.connections import KeptConnections
 
 RedisClient = aioredis.Redis | RedisCluster
@@ -129,6 +131,8 @@ class RedisStore:
         self.lua_dead_letter = self._script("dead_letter")
         self.lua_move_dead_letter = self._script("move_dead_letter")
         self.lua_rate_limit = self._script("rate_limit")
+        self.lua_revoke = self._script("revoke")
+        self.lua_revocations = self._script("revocations")
 
     def _script(self, name: str) -> AsyncScript:
         return self.client.register_script(read_lua(name))
@@ -179,9 +183,10 @@ class RedisStore:
         loaded = await self._run(self.lua_load, [keys.meta, keys.shares, keys.claims], args)
         return bool(loaded)
 
-    async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
-        """One grab, on its own script call (the service's grabs go through the coalescer)."""
-        (answer,) = await self.grab_batch([(keys, [user_id])])
+    async def grab(self, keys: PacketKeys, user_id: str, actor: str | None = None) -> Answer:
+        """One grab, on its own script call (the service's grabs go through the coalescer);
+        `actor` grabs for the user (recorded with the grant)."""
+        (answer,) = await self.grab_batch([(keys, [grabber(user_id, actor)])])
         if isinstance(answer, StorageError):
             raise answer
         return answer
@@ -189,9 +194,10 @@ class RedisStore:
     async def grab_batch(
         self, groups: Sequence[tuple[PacketKeys, Sequence[str]]]
     ) -> list[Answer | StorageError]:
-        """Grabs of (packet, users in order) groups in one call of grab.lua; answers in the
-        order of the groups and of the users in each (user ids hold no spaces). On a
-        cluster, one bucket only. A packet whose data Redis cannot read answers its own
+        """Grabs of (packet, grabbers in order) groups in one call of grab.lua; answers in
+        the order of the groups and of the grabbers in each. A grabber is a user id, or
+        `codec.grabber` of a user and the actor grabbing for them. On a cluster, one
+        bucket only. A packet whose data Redis cannot read answers its own
         grabs with a StorageError."""
         bucket = groups[0][0].bucket
         keys: list[str] = []
@@ -265,6 +271,31 @@ class RedisStore:
     async def forget_packet(self, keys: PacketKeys) -> None:
         """Delete a packet's keys (tests and recovery drills)."""
         await self._call(self.client.delete(keys.meta, keys.shares, keys.claims))
+
+    # -- token revocations ---------------------------------------------------------
+
+    async def revoke_tokens(self, user_id: str, issued_until: int) -> int:
+        """Revoke `user_id`'s tokens issued at or before `issued_until` (unix seconds);
+        the new version of the revocations."""
+        return int(
+            await self._run(
+                self.lua_revoke, [REVOKED_KEY, REVOKED_VERSION_KEY], [user_id, issued_until]
+            )
+        )
+
+    async def revocations_version(self) -> int | None:
+        """The revocations' version: changes on every revocation; None when Redis holds none."""
+        version = await self._call(self.client.get(REVOKED_VERSION_KEY))
+        return None if version is None else int(version)
+
+    async def revocations(self) -> tuple[int | None, dict[str, int]]:
+        """(version, user id -> unix seconds), read atomically."""
+        version, *flat = await self._run(
+            self.lua_revocations, [REVOKED_KEY, REVOKED_VERSION_KEY], []
+        )
+        pairs = iter(flat)
+        table = {str(user): int(at) for user, at in zip(pairs, pairs, strict=True)}
+        return (None if version is None else int(version)), table
 
     # -- rate limits -------------------------------------------------------------
 
