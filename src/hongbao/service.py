@@ -54,6 +54,11 @@ from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import LiveStatus
 
+#: the grab path compares statuses with module constants: reading a member off an Enum
+#: class goes through EnumType.__getattr__, as costly as the rest of the comparison
+_UNKNOWN = GrabStatus.UNKNOWN
+_GRANTED = GrabStatus.GRANTED
+
 _RECORD_CACHE = 10_000
 #: valid packet ids seen lately and their Redis keys (the cache is cleared when full)
 _KEYS_CACHE = 16_384
@@ -207,17 +212,17 @@ class Hongbao:
         keys = self.keys_of(packet_id)
         submit = self.coalescer.submit
         status, seq, amount, at = await submit(keys, user_id, actor)
-        if status is GrabStatus.UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
+        if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             loaded, record = await self._loaded(packet_id)
             if loaded:
                 status, seq, amount, at = await submit(keys, user_id, actor)
-            if status is GrabStatus.UNKNOWN:
+            if status is _UNKNOWN:
                 return await self._grab_from_ledger(record, packet_id, user_id)
         if not seq:  # the user holds no share
             raise _refusal(packet_id, status)
         if self.durability.waits:
             await self.durability.confirm(keys, user_id, ClaimValue(seq, amount, at))
-        first = status is GrabStatus.GRANTED
+        first = status is _GRANTED
         return GrabResult(packet_id, user_id, amount, seq, first, at)
 
     def keys_of(self, packet_id: str) -> PacketKeys:

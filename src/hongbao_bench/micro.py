@@ -12,6 +12,10 @@ so a busy neighbour inflates both sides alike):
   ``Redis.execute_command`` through the pool, an EVALSHA round trip, once a call;
 * ``fast-path-answer``: the grab fast path's two ASGI messages against a Starlette
   ``Response`` object sent through the same ``send``, once a granted grab;
+* ``status-constant``: a GrabStatus member held in a module constant against
+  ``GrabStatus.GRANTED``, twice a grab;
+* ``user-id-check``: `hongbao.domain.ids.require_user_id` against the user-id pattern
+  alone, once a grab;
 * ``frozen-heap``: one full collection of the garbage collector with hongbao's modules
   loaded, against the same after `hongbao.runtime.settle_heap` froze them (what a full
   collection under load costs the request it lands in).
@@ -31,6 +35,8 @@ from redis.asyncio.connection import Connection
 from starlette.responses import Response
 from starlette.types import Message, Scope
 
+from hongbao.domain.ids import require_user_id, valid_user_id
+from hongbao.domain.models import GrabStatus
 from hongbao.metrics import GrabTally
 from hongbao.storage.connections import KeptConnections, pack_command
 from hongbao_bench.common import BenchContext, Outcome
@@ -50,6 +56,8 @@ async def micro(ctx: BenchContext) -> list[Outcome]:
         _row("pack-command", *_packing()),
         _row("kept-connections", *await _connections(ctx.redis_url)),
         _row("fast-path-answer", *await _answers()),
+        _row("status-constant", *_status_lookups()),
+        _row("user-id-check", *_user_id_checks()),
         _row("frozen-heap", *_collections()),
     ]
     return rows
@@ -170,6 +178,20 @@ async def _answers() -> tuple[float, float]:
         return one
 
     return _best_ns(timed(fast)), _best_ns(timed(routed))
+
+
+def _status_lookups() -> tuple[float, float]:
+    granted = GrabStatus.GRANTED
+    return _best_ns(lambda: granted), _best_ns(lambda: GrabStatus.GRANTED)
+
+
+def _user_id_checks() -> tuple[float, float]:
+    def pattern_only() -> object:
+        if not valid_user_id("user12345"):
+            raise AssertionError("a valid id")
+        return "user12345"
+
+    return _best_ns(lambda: require_user_id("user12345")), _best_ns(pattern_only)
 
 
 def _collections() -> tuple[float, float]:
