@@ -25,7 +25,7 @@ from hongbao.cli.options import (
 )
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, InvalidRequest
-from hongbao.settings import Settings
+from hongbao.settings import ACK_MODES, Settings
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     from hongbao.serving.embedded import EmbeddedServer
@@ -154,8 +154,6 @@ def serve(
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
     if ack is not None:
-        from hongbao.durability import ACK_MODES
-
         if ack.lower() not in ACK_MODES:
             fail(f"--ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
         os.environ["HONGBAO_ACK_MODE"] = ack.lower()  # read by Settings.from_env (and workers)
