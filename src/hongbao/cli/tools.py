@@ -22,6 +22,9 @@ from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, RedisUrl
 from hongbao.console import err, fail, friendly_errors, run_async
 from hongbao.errors import HongbaoError
 
+#: the longest token lifetime `hongbao token` issues: ten years, seconds
+MAX_TTL = 315_360_000
+
 if TYPE_CHECKING:
     from hongbao.settings import Settings
 
@@ -136,7 +139,9 @@ def token(
         ),
     ],
     admin: Annotated[bool, typer.Option("--admin", help="Admin tokens (deposits).")] = False,
-    ttl: Annotated[int, typer.Option(min=1, help="Seconds until the tokens expire.")] = DEFAULT_TTL,
+    ttl: Annotated[
+        int, typer.Option(min=1, max=MAX_TTL, help="Seconds until the tokens expire.")
+    ] = DEFAULT_TTL,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
     """Print a bearer token per user, one per line, in the order given."""
