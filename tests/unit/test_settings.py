@@ -34,7 +34,7 @@ def test_defaults_are_allowed() -> None:
     ],
 )
 def test_a_value_outside_its_range_names_the_variable(env: dict[str, str], words: str) -> None:
-    with pytest.raises(ConfigurationError, match="^[^\n]+$") as caught:
+    with pytest.raises(ConfigurationError, match=r"^[^\n]+$") as caught:
         Settings.from_env(env)
     assert words in str(caught.value)
 
