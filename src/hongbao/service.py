@@ -94,11 +94,18 @@ class Hongbao:
 
     @classmethod
     async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:
-        store = store_from_url(settings.redis_url, settings.buckets)
+        store = store_from_url(
+            settings.redis_url, settings.buckets, allow_eviction=settings.allow_eviction
+        )
         ledger = SqlLedger.from_url(settings.database_url)
-        if migrate:
-            await ledger.migrate()
-        await store.ensure_groups()
+        try:
+            if migrate:
+                await ledger.migrate()
+            await store.ensure_groups()
+        except BaseException:
+            await store.aclose()
+            await ledger.aclose()
+            raise
         service = cls(store, ledger, settings)
         try:
             await service.durability.check()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from hongbao.identity.config import load_or_create_secret
 from tests.api.serving import clean_env, free_port, run_cli, servers_for
+from tests.servers import RedisNode
 from tests.tokens import claims_of
 
 SECRET = "cli-tests-secret-0123456789abcdef"
@@ -135,6 +137,7 @@ def test_serve_with_unreachable_redis_fails_clearly(tmp_path: Path) -> None:
         str(free_port()),
         "--redis-url",
         f"redis://127.0.0.1:{free_port()}/0",
+        env=clean_env(HONGBAO_SECRET=SECRET),
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
@@ -144,6 +147,145 @@ def test_serve_with_unreachable_redis_fails_clearly(tmp_path: Path) -> None:
 def test_worker_needs_a_redis_url(tmp_path: Path) -> None:
     done = run_cli("worker", "--data-dir", str(tmp_path))
     assert_usage_error(done, "--redis-url")
+    assert "no hongbao serve runs on" in done.stderr
+
+
+def test_token_ttl_out_of_range() -> None:
+    done = run_cli(
+        "token", "--ttl", "999999999999999999999", "alice", env=clean_env(HONGBAO_SECRET=SECRET)
+    )
+    assert_usage_error(done, "--ttl")
+    assert done.stdout == ""
+
+
+def nothing_started(data_dir: Path) -> None:
+    """No server process, and no file: not the data folder, nor a ledger in it."""
+    assert servers_for(data_dir) == []
+    assert not data_dir.exists(), sorted(p.name for p in data_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        pytest.param("HONGBAO_BUCKETS", "0", ["HONGBAO_BUCKETS", "from 1 to 1024"], id="buckets-0"),
+        pytest.param("HONGBAO_MAX_SHARE", "abc", ["HONGBAO_MAX_SHARE", "whole number"], id="text"),
+        pytest.param(
+            "HONGBAO_MIN_SHARE", "30000", ["HONGBAO_MIN_SHARE", "must not exceed"], id="min>max"
+        ),
+        pytest.param(
+            "HONGBAO_PERSISTER_BLOCK_MS", "0", ["HONGBAO_PERSISTER_BLOCK_MS"], id="block-0"
+        ),
+        pytest.param("HONGBAO_SWEEP_INTERVAL", "nan", ["HONGBAO_SWEEP_INTERVAL"], id="nan"),
+        pytest.param("HONGBAO_ACK_MODE", "fsync", ["--ack", "fsync"], id="ack"),
+        pytest.param("HONGBAO_RATE_LIMIT_USER", "-1", ["HONGBAO_RATE_LIMIT_USER"], id="negative"),
+        pytest.param(
+            "HONGBAO_PERSISTER_CONSUMER", "a b", ["HONGBAO_PERSISTER_CONSUMER"], id="name"
+        ),
+    ],
+)
+def test_serve_refuses_a_bad_setting_before_starting(
+    tmp_path: Path, variable: str, value: str, words: list[str]
+) -> None:
+    data_dir = tmp_path / "data"
+    done = run_cli(
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        str(free_port()),
+        env=clean_env(**{variable: value}),
+    )
+    assert_usage_error(done, *words)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    nothing_started(data_dir)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        pytest.param(["--redis-url", "garbage"], ["unsupported Redis URL scheme"], id="garbage"),
+        pytest.param(["--redis-url", "redis://h:port/0"], ["bad Redis URL"], id="bad-port"),
+        pytest.param(["--redis-url", "unix://"], ["socket's path"], id="unix-no-path"),
+        pytest.param(["--database-url", "oracle://x/y"], ["unsupported database"], id="oracle"),
+        pytest.param(["--database-url", "garbage"], ["database URL"], id="db-garbage"),
+        pytest.param(
+            ["--host", "nosuchhost.invalid"], ["cannot resolve host nosuchhost"], id="host"
+        ),
+        pytest.param(["--no-persister"], ["--no-persister needs --redis-url"], id="no-persister"),
+    ],
+)
+def test_serve_checks_before_starting(tmp_path: Path, args: list[str], words: list[str]) -> None:
+    data_dir = tmp_path / "data"
+    done = run_cli(
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        str(free_port()),
+        *args,
+        env=clean_env(HONGBAO_SECRET=SECRET),
+    )
+    assert_usage_error(done, *words)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "serving on" not in done.stderr
+    nothing_started(data_dir)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_busy_port_starts_nothing(tmp_path: Path, workers: str) -> None:
+    data_dir = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(
+            "serve", "--data-dir", str(data_dir), "--port", str(port), "--workers", workers
+        )
+    assert_usage_error(done, f"error: cannot listen on 127.0.0.1:{port}: port {port} is in use")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    nothing_started(data_dir)
+
+
+@pytest.mark.parametrize("value", [pytest.param("", id="empty"), pytest.param("FILE", id="a-file")])
+def test_serve_refuses_a_bad_data_dir(tmp_path: Path, value: str) -> None:
+    if value == "FILE":
+        value = str(tmp_path / "a-file")
+        Path(value).write_text("not a folder")
+    done = run_cli("serve", "--data-dir", value, "--port", str(free_port()), cwd=tmp_path)
+    assert_usage_error(done, "--data-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["a-file"] if value else [])
+
+
+def test_api_hosts_on_one_redis_need_a_configured_secret(tmp_path: Path, redis_url: str) -> None:
+    """Two API processes on one Redis, each with its own data folder: without a shared
+    secret (or JWT keys) each would mint and accept tokens of its own, so both refuse."""
+    for host in ("a", "b"):
+        data_dir = tmp_path / host
+        done = run_cli(
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(free_port()),
+            "--redis-url",
+            redis_url,
+        )
+        assert_usage_error(done, "HONGBAO_SECRET", "HONGBAO_JWT_JWKS_URL")
+        nothing_started(data_dir)
+
+
+def test_serve_refuses_a_redis_that_may_evict(tmp_path: Path) -> None:
+    node = RedisNode().start(
+        None, tmp_path / "redis", extra_args=["--maxmemory-policy", "allkeys-lru"]
+    )
+    try:
+        args = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())]
+        args += ["--redis-url", node.url]
+        done = run_cli(*args, env=clean_env(HONGBAO_SECRET=SECRET))
+        assert_usage_error(done, "maxmemory-policy is allkeys-lru", "--allow-eviction")
+        assert "serving on" not in done.stderr
+    finally:
+        node.stop()
 
 
 def test_migrate_creates_the_ledger(tmp_path: Path) -> None:

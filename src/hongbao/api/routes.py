@@ -53,6 +53,7 @@ from hongbao.metrics import CONTENT_TYPE, Metrics
 from hongbao.runtime import Runtime
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
+from hongbao.storage.redis import NO_EVICTION
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -237,6 +238,13 @@ class Api:
                 f"unreachable: {', '.join(down)}",
                 headers={"Retry-After": "1"},
             )
+        policy = await _eviction_policy(runtime.service)
+        if policy not in (None, NO_EVICTION) and not self.settings.allow_eviction:
+            return problem(
+                503,
+                "redis_may_evict",
+                f"redis maxmemory-policy is {policy}: it may drop packets; set {NO_EVICTION}",
+            )
         if not runtime.workers_alive():
             return problem(503, "not_ready", "the persister or sweeper stopped unexpectedly")
         return JSONResponse({"status": "ready"})
@@ -383,6 +391,14 @@ async def _ping(check: Any) -> bool:
         return bool(await asyncio.wait_for(check, PING_TIMEOUT))
     except (TimeoutError, StorageError, OSError):
         return False
+
+
+async def _eviction_policy(service: Hongbao) -> str | None:
+    """Redis's maxmemory-policy now (it can be changed at run time); None if unknown."""
+    try:
+        return await asyncio.wait_for(service.store.eviction_policy(), PING_TIMEOUT)
+    except (TimeoutError, StorageError, OSError):
+        return None
 
 
 def _idempotency_key(request: Request) -> str | None:

@@ -17,6 +17,9 @@ from hongbao.errors import HongbaoError
 from hongbao.identity.config import SECRET_FILE, load_or_create_secret, secret_from_env_or_dir
 from hongbao.identity.principal import DEFAULT_TTL, MAX_ADMIN_TTL
 
+#: the longest token lifetime `hongbao token` issues: ten years, seconds
+MAX_TTL = 315_360_000
+
 if TYPE_CHECKING:
     from hongbao.settings import Settings
 
@@ -144,7 +147,9 @@ def token(
     ttl: Annotated[
         int,
         typer.Option(
-            min=1, help=f"Seconds until the tokens expire (admin: {MAX_ADMIN_TTL} at most)."
+            min=1,
+            max=MAX_TTL,
+            help=f"Seconds until the tokens expire (admin: {MAX_ADMIN_TTL} at most).",
         ),
     ] = DEFAULT_TTL,
     data_dir: DataDir = DEFAULT_DATA_DIR,

@@ -4,6 +4,7 @@ by SHA; the store is the only code that talks to Redis."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -15,7 +16,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hongbao.domain.models import GrabStatus
-from hongbao.errors import StorageError
+from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import (
     PERSISTER_GROUP,
     REVOKED_KEY,
@@ -31,6 +32,8 @@ from hongbao.storage.connections import KeptConnections
 
 RedisClient = aioredis.Redis | RedisCluster
 
+log = logging.getLogger("hongbao.storage")
+
 #: GrabStatus by script return code, without an Enum call per grab
 _STATUSES = tuple(GrabStatus)
 #: grab.lua's code for a grab of a packet whose keys it could not read
@@ -38,6 +41,9 @@ UNREADABLE = 5
 
 #: the oldest Redis the scripts run on (grab.lua pops with LPOP key count)
 MIN_SERVER = (6, 2)
+#: the one maxmemory-policy under which Redis never drops a key to free memory (a write
+#: that would need more memory fails instead, and the grab answers 503)
+NO_EVICTION = "noeviction"
 
 #: entries read per XRANGE page when walking a stream
 _PAGE = 1_000
@@ -114,9 +120,12 @@ class RedisStore:
 
     cluster: ClassVar[bool] = False
 
-    def __init__(self, client: RedisClient, buckets: int) -> None:
+    def __init__(self, client: RedisClient, buckets: int, *, allow_eviction: bool = False) -> None:
         self.client = client
         self.buckets = buckets
+        #: run on a server that may evict keys, with a warning (see `check_server`)
+        self.allow_eviction = allow_eviction
+        self._warned_eviction = False
         #: script calls skip redis-py's pool (see hongbao.storage.connections)
         self._kept = (
             KeptConnections(client.connection_pool) if isinstance(client, aioredis.Redis) else None
@@ -152,16 +161,43 @@ class RedisStore:
             return False
 
     async def check_server(self) -> None:
-        """Refuse a server too old for the scripts, with a clear error, at startup."""
-        info = await self._call(self.client.info("server"))
-        # one server's dict ({...}); a client asking several nodes gives {node: {...}}
-        for node in info.values() if "redis_version" not in info else [info]:
+        """At startup, refuse a server too old for the scripts (StorageError), and one
+        whose maxmemory-policy may evict keys (ConfigurationError): an evicted packet
+        loses its shares and claims. `allow_eviction` turns the refusal into a warning."""
+        for node in await self._infos("server"):
             version = str(node.get("redis_version", ""))
             if too_old(version):
                 raise StorageError(
                     f"redis {version} is too old: hongbao needs Redis >= "
                     f"{'.'.join(map(str, MIN_SERVER))} or Valkey (LPOP with a count)"
                 )
+        policy = await self.eviction_policy()
+        if policy == NO_EVICTION:
+            return
+        message = (
+            f"redis maxmemory-policy is {policy}: under memory pressure it may drop a "
+            f"packet's keys; set maxmemory-policy {NO_EVICTION}"
+        )
+        if not self.allow_eviction:
+            raise ConfigurationError(
+                f"{message} (or accept the risk: --allow-eviction, HONGBAO_ALLOW_EVICTION=1)"
+            )
+        if not self._warned_eviction:
+            log.warning("%s; running anyway (allow_eviction): money can be lost", message.upper())
+            self._warned_eviction = True
+
+    async def eviction_policy(self) -> str:
+        """The server's maxmemory-policy; on a cluster the first node's that is not
+        noeviction (``unknown`` when a server does not say)."""
+        policies = [
+            str(node.get("maxmemory_policy", "unknown")) for node in await self._infos("memory")
+        ]
+        return next((p for p in policies if p != NO_EVICTION), NO_EVICTION)
+
+    async def _infos(self, section: str) -> list[dict[str, Any]]:
+        """INFO `section` of the server (of every node of a cluster)."""
+        info = await self._call(self.client.info(section))
+        return [info]
 
     # -- packets -------------------------------------------------------------
 
@@ -358,11 +394,20 @@ class RedisStore:
                 if len(rows) < _PAGE:
                     break
 
-    async def pending(self, bucket: int, idle_ms: int, count: int) -> list[Pending]:
-        """Entries delivered at least `idle_ms` ago and not acknowledged."""
+    async def pending(
+        self, bucket: int, idle_ms: int, count: int, consumer: str | None = None
+    ) -> list[Pending]:
+        """Entries delivered at least `idle_ms` ago and not acknowledged (to `consumer`
+        only, when given)."""
         rows = await self._call(
             self.client.xpending_range(
-                events_key(bucket), PERSISTER_GROUP, "-", "+", count, idle=idle_ms
+                events_key(bucket),
+                PERSISTER_GROUP,
+                "-",
+                "+",
+                count,
+                consumername=consumer,
+                idle=idle_ms,
             )
         )
         return [
@@ -374,6 +419,11 @@ class RedisStore:
             )
             for r in rows
         ]
+
+    async def pending_consumers(self, bucket: int) -> dict[str, int]:
+        """The consumers holding unacknowledged entries of a bucket stream, with how many."""
+        summary = await self._call(self.client.xpending(events_key(bucket), PERSISTER_GROUP))
+        return {str(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
 
     async def claim_entries(
         self, bucket: int, consumer: str, idle_ms: int, ids: Sequence[str]
