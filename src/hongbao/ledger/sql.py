@@ -29,6 +29,7 @@ from hongbao.errors import (
 )
 from hongbao.ledger.apply import ApplyBatch
 from hongbao.ledger.audit import audit_ledger
+from hongbao.ledger.bulk import bulk_for
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
     ClaimEvent,
@@ -37,8 +38,6 @@ from hongbao.ledger.records import (
     PacketRecord,
     RefundEvent,
     chunks,
-    credit,
-    ensure_wallets,
     entry_row,
     from_db,
     packet_from_row,
@@ -148,8 +147,7 @@ class SqlLedger:
                     "this deposit reference was used before with a different amount"
                 )
             if seen is None:
-                await ensure_wallets(conn, [user_id])
-                await credit(conn, {user_id: amount})
+                await bulk_for(conn).credit([user_id], [amount], utcnow())
                 await conn.execute(entries.insert(), [entry_row(ref, user_id, "deposit", amount)])
             return int(await conn.scalar(_balance_query(user_id)) or 0)
 
