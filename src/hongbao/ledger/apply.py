@@ -117,6 +117,8 @@ class ApplyBatch:
 
     async def _write(self, new: list[ClaimEvent], changes: _Changes) -> None:
         now = utcnow()
+        # in key order: index insertions land next to each other, and in one order
+        new = sorted(new, key=_share_key)
         pids = [e.packet_id for e in new]
         idxs = [e.share_idx for e in new]
         users = [e.user_id for e in new]
@@ -142,6 +144,10 @@ class ApplyBatch:
             await self.bulk.credit([u for u, _ in by_user], [a for _, a in by_user], now)
         if changes.added:
             await self.bulk.update_packets(changes.columns())
+
+
+def _share_key(ev: ClaimEvent) -> tuple[str, int]:
+    return ev.packet_id, ev.share_idx
 
 
 def _claim_refusal(

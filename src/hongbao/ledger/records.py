@@ -23,6 +23,8 @@ def utcnow() -> datetime:
 
 def to_db(moment: datetime) -> datetime:
     """Databases keep naive UTC."""
+    if moment.tzinfo is UTC:  # the usual case, one call a claim: skip the conversion
+        return moment.replace(tzinfo=None)
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
