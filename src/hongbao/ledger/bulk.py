@@ -326,10 +326,12 @@ class MariaDbBulk(ValuesBulk):
         " ON DUPLICATE KEY UPDATE"
         " balance = balance + VALUES(balance), updated_at = VALUES(updated_at)"
     )
-    #: a multi-table UPDATE assigns in no promised order: each assignment reads only its
-    #: own column and the change
+    #: STRAIGHT_JOIN: the changes drive, each packet row found by its key. With the
+    #: packets table first, InnoDB may scan it and lock packets another batch holds,
+    #: while that batch waits for a wallet this one holds: a deadlock. A multi-table
+    #: UPDATE assigns in no promised order: each assignment reads only its own column.
     update_packets_sql = (
-        "UPDATE hb_packets AS p JOIN {d} AS d ON p.id = d.id SET"
+        "UPDATE {d} AS d STRAIGHT_JOIN hb_packets AS p ON p.id = d.id SET"
         " p.claimed_count = p.claimed_count + d.claimed_count,"
         " p.claimed_amount = p.claimed_amount + d.claimed_amount,"
         " p.refunded_amount = p.refunded_amount + d.refunded_amount,"
