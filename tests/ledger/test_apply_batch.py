@@ -6,9 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+import sqlalchemy as sa
 
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.bulk import ValuesBulk
+from hongbao.ledger.schema import entries
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
 from tests.ledger.test_ledger import record
 
@@ -151,3 +153,26 @@ async def test_rows_beyond_the_parameter_limit_go_in_several_statements(
     assert len(await ledger.claims_of(pid)) == 40
     assert await ledger.balance("user39") == 40
     assert await ledger.audit() == []
+
+
+async def test_ledger_entries_keep_their_references(ledger: SqlLedger) -> None:
+    pid = await packet(ledger, [30, 45], sender="boss")
+    claims = [ClaimEvent(pid, 1, "u1", 45, AT), ClaimEvent(pid, 0, "u0", 30, AT)]
+    assert await ledger.apply(claims) == [None, None]
+    other = await packet(ledger, [20, 80], sender="boss")
+    refund = RefundEvent(other, "boss", 100, 2, AT)
+    assert await ledger.apply([refund]) == [None]
+    async with ledger.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.select(
+                entries.c.reference, entries.c.kind, entries.c.user_id, entries.c.amount
+            ).where(entries.c.packet_id.in_([pid, other]))
+        )
+        found = {tuple(r) for r in rows}
+    assert found == {
+        (f"send:{pid}", "send", "boss", -75),
+        (f"send:{other}", "send", "boss", -100),
+        (f"claim:{pid}:0", "claim", "u0", 30),
+        (f"claim:{pid}:1", "claim", "u1", 45),
+        (f"refund:{other}", "refund", "boss", 100),
+    }

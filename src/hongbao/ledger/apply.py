@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -119,26 +118,32 @@ class ApplyBatch:
         now = utcnow()
         # in key order: index insertions land next to each other, and in one order
         new = sorted(new, key=_share_key)
-        pids = [e.packet_id for e in new]
-        idxs = [e.share_idx for e in new]
         users = [e.user_id for e in new]
         amounts = [e.amount for e in new]
         if new:
+            pids = [e.packet_id for e in new]
+            idxs = [e.share_idx for e in new]
             at = [to_db(e.claimed_at) for e in new]
-            await self.bulk.insert_claims((pids, idxs, users, amounts, at))
-        refunds = changes.refund_entries
-        entry_columns = (
-            [*map(claim_reference, pids, idxs), *(r.reference for r in refunds)],
-            [*users, *(r.sender_id for r in refunds)],
-            ["claim"] * len(new) + ["refund"] * len(refunds),
-            [*amounts, *(r.amount for r in refunds)],
-            [*pids, *(r.packet_id for r in refunds)],
-        )
-        if entry_columns[0]:
-            await self.bulk.insert_entries((*entry_columns, [now] * len(entry_columns[0])))
+            refs = list(map(claim_reference, pids, idxs))
+            await self.bulk.insert_claims((pids, idxs, users, amounts, at, refs), now)
+        refunds = changes.refunds
+        if refunds:
+            n = len(refunds)
+            await self.bulk.insert_entries(
+                (
+                    [refund_reference(r.packet_id) for r in refunds],
+                    [r.sender_id for r in refunds],
+                    ["refund"] * n,
+                    [r.amount for r in refunds],
+                    [r.packet_id for r in refunds],
+                    [now] * n,
+                )
+            )
         credits: dict[str, int] = {}
-        for user, amount in zip(entry_columns[1], entry_columns[3], strict=True):
+        for user, amount in zip(users, amounts, strict=True):
             credits[user] = credits.get(user, 0) + amount
+        for r in refunds:
+            credits[r.sender_id] = credits.get(r.sender_id, 0) + r.amount
         if credits:
             by_user = sorted(credits.items())
             await self.bulk.credit([u for u, _ in by_user], [a for _, a in by_user], now)
@@ -179,13 +184,6 @@ class _Added:
     closed_at: datetime | None = None
 
 
-class _Refund(NamedTuple):
-    reference: str
-    sender_id: str
-    amount: int
-    packet_id: str
-
-
 class _Changes:
     """What the batch does to its packets: counters added per packet, refunds, status.
 
@@ -197,7 +195,7 @@ class _Changes:
         self.found = found
         self.added: dict[str, _Added] = {}
         #: the refunds that move money
-        self.refund_entries: list[_Refund] = []
+        self.refunds: list[RefundEvent] = []
         for ev in new:
             added = self.added.get(ev.packet_id)
             if added is None:
@@ -235,9 +233,7 @@ class _Changes:
             status="exhausted" if ev.amount == 0 else "expired",
         )
         if ev.amount:
-            self.refund_entries.append(
-                _Refund(refund_reference(ev.packet_id), ev.sender_id, ev.amount, ev.packet_id)
-            )
+            self.refunds.append(ev)
         return None
 
     def columns(self) -> Columns:

@@ -36,6 +36,8 @@ ClaimState = tuple[str, int, str, int | None, str | None, int | None]
 SqlFor = Callable[[int], str]
 
 CLAIM_COLUMNS = ("packet_id", "share_idx", "user_id", "amount", "claimed_at")
+#: a claim and the reference of its ledger entry
+CLAIMED_COLUMNS = (*CLAIM_COLUMNS, "reference")
 ENTRY_COLUMNS = ("reference", "user_id", "kind", "amount", "packet_id", "created_at")
 #: claims, fen claimed and fen refunded are added to the packet; status and closed_at set
 #: (closed_at only when not None)
@@ -60,12 +62,12 @@ class Bulk(Protocol):
         claim already. Any other key names a free share of the amount claimed."""
         ...
 
-    async def insert_claims(self, rows: Columns) -> None:
-        """CLAIM_COLUMNS"""
+    async def insert_claims(self, rows: Columns, now: datetime) -> None:
+        """The claims (CLAIMED_COLUMNS) and their ledger entries."""
         ...
 
     async def insert_entries(self, rows: Columns) -> None:
-        """ENTRY_COLUMNS"""
+        """Ledger entries (ENTRY_COLUMNS)."""
         ...
 
     async def credit(self, users: Sequence[str], amounts: Sequence[int], now: datetime) -> None:
@@ -129,9 +131,32 @@ def _pg_lookup() -> sa.Select[Any]:
     )
 
 
-def _pg_insert(table: sa.Table, columns: Sequence[str]) -> sa.Insert:
-    rows = _unnest("r", *(table.c[name] for name in columns))
-    return table.insert().from_select(list(columns), sa.select(rows))
+def _pg_insert_entries() -> sa.Insert:
+    rows = _unnest("r", *(entries.c[name] for name in ENTRY_COLUMNS))
+    return entries.insert().from_select(list(ENTRY_COLUMNS), sa.select(rows))
+
+
+def _pg_insert_claims() -> sa.Insert:
+    """The claims and, from the same arrays, their ledger entries: one statement."""
+    rows = sa.select(
+        _unnest("r", *(claims.c[name] for name in CLAIM_COLUMNS), entries.c.reference)
+    ).cte("claimed")
+    add_claims = claims.insert().from_select(
+        list(CLAIM_COLUMNS), sa.select(*(rows.c[name] for name in CLAIM_COLUMNS))
+    )
+    add_entries = entries.insert().from_select(
+        list(ENTRY_COLUMNS),
+        sa.select(
+            rows.c.reference,
+            rows.c.user_id,
+            sa.literal("claim", entries.c.kind.type),
+            rows.c.amount,
+            rows.c.packet_id,
+            sa.bindparam("now", type_=entries.c.created_at.type),
+        ),
+    )
+    # a data-modifying CTE runs to completion whether or not the statement reads it
+    return add_entries.add_cte(add_claims.cte("add_claims"))
 
 
 def _pg_credit() -> sa.Insert:
@@ -174,8 +199,8 @@ def _pg_update_packets() -> sa.Update:
 
 
 _PG_LOOKUP = _pg_lookup()
-_PG_INSERT_CLAIMS = _pg_insert(claims, CLAIM_COLUMNS)
-_PG_INSERT_ENTRIES = _pg_insert(entries, ENTRY_COLUMNS)
+_PG_INSERT_CLAIMS = _pg_insert_claims()
+_PG_INSERT_ENTRIES = _pg_insert_entries()
 _PG_CREDIT = _pg_credit()
 _PG_UPDATE_PACKETS = _pg_update_packets()
 
@@ -193,8 +218,9 @@ class PostgresBulk:
         rows = await self.conn.execute(_PG_LOOKUP, _arrays("e", LOOKUP_COLUMNS, keys))
         return [tuple(r) for r in rows]
 
-    async def insert_claims(self, rows: Columns) -> None:
-        await self.conn.execute(_PG_INSERT_CLAIMS, _arrays("r", CLAIM_COLUMNS, rows))
+    async def insert_claims(self, rows: Columns, now: datetime) -> None:
+        params: dict[str, Any] = _arrays("r", CLAIMED_COLUMNS, rows)
+        await self.conn.execute(_PG_INSERT_CLAIMS, {**params, "now": now})
 
     async def insert_entries(self, rows: Columns) -> None:
         await self.conn.execute(_PG_INSERT_ENTRIES, _arrays("r", ENTRY_COLUMNS, rows))
@@ -276,10 +302,16 @@ class ValuesBulk:
 
         return await self.run(sql, keys)
 
-    async def insert_claims(self, rows: Columns) -> None:
-        *first, claimed_at = rows
+    async def insert_claims(self, rows: Columns, now: datetime) -> None:
+        packet_ids, share_idxs, user_ids, amounts, claimed_at, references = rows
         at = list(map(self.time, claimed_at))
-        await self.run(self.insert(claims, CLAIM_COLUMNS), [*first, at])
+        await self.run(
+            self.insert(claims, CLAIM_COLUMNS), [packet_ids, share_idxs, user_ids, amounts, at]
+        )
+        n = len(references)
+        await self.insert_entries(
+            [references, user_ids, ["claim"] * n, amounts, packet_ids, [now] * n]
+        )
 
     async def insert_entries(self, rows: Columns) -> None:
         *first, created_at = rows
