@@ -15,6 +15,7 @@ length, in the order the docstrings give.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from itertools import chain
@@ -333,8 +334,11 @@ class ValuesBulk:
 
 
 class SqliteBulk(ValuesBulk):
+    """SQLite 3.33 or newer: UPDATE ... FROM."""
+
     mark = "?"
-    max_params = 32_766  # SQLITE_MAX_VARIABLE_NUMBER since SQLite 3.32
+    #: SQLITE_MAX_VARIABLE_NUMBER: 32,766 since SQLite 3.32, 999 before
+    max_params = 32_766 if sqlite3.sqlite_version_info >= (3, 32) else 999
     upsert_wallets = (
         " ON CONFLICT (user_id) DO UPDATE SET"
         " balance = hb_wallets.balance + excluded.balance, updated_at = excluded.updated_at"
