@@ -1,8 +1,8 @@
 """Set-based statements of a persister batch, one implementation per database.
 
 A batch of any size is the same few statements: look up the claimed shares, insert the
-claims, insert the ledger entries, credit the wallets (an upsert creates missing ones),
-update the packets' counters. Data comes in as columns: one list per column, all of one
+claims with their ledger entries (and the refunds' entries), credit the wallets (an
+upsert creates missing ones), update the packets' counters. Data comes in as columns: one list per column, all of one
 length, in the order the docstrings give.
 
 - PostgreSQL: SQLAlchemy Core over `unnest` of one array per column, so the statement
