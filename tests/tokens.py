@@ -3,11 +3,13 @@ host app's backend would."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 ADMIN = "hongbao:admin"
 SERVICE = "hongbao:service"
@@ -46,3 +48,15 @@ def claims_of(token: str, secret: bytes) -> dict[str, Any]:
     """The claims of an HS256 token, checked by PyJWT."""
     decoded: dict[str, Any] = jwt.decode(token, secret, algorithms=["HS256"])
     return decoded
+
+
+def public_jwk(private: Any, kid: str) -> dict[str, Any]:
+    """The JWK of a private key's public half, as an identity provider publishes it."""
+    public = private.public_key()
+    if isinstance(public, rsa.RSAPublicKey):
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(public))
+    elif isinstance(public, ec.EllipticCurvePublicKey):
+        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(public))
+    else:
+        jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(public))
+    return {**jwk, "kid": kid, "use": "sig"}

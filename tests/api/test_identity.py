@@ -35,22 +35,11 @@ from hongbao.settings import Settings
 from hongbao.storage import RedisStore
 from tests.api.conftest import SECRET, eventually
 from tests.api.test_api import problem
-from tests.tokens import ADMIN, hs256, mint
+from tests.tokens import ADMIN, hs256, mint, public_jwk
 
 ISSUER = "https://id.example/"
 AUDIENCE = "hongbao"
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
-
-
-def public_jwk(private: Any, kid: str) -> dict[str, Any]:
-    public = private.public_key()
-    if isinstance(public, rsa.RSAPublicKey):
-        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(public))
-    elif isinstance(public, ec.EllipticCurvePublicKey):
-        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(public))
-    else:
-        jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(public))
-    return {**jwk, "kid": kid, "use": "sig"}
 
 
 class JwksServer:

@@ -24,7 +24,7 @@ from hongbao.identity.mint import key_id, mint_tokens
 from hongbao.identity.principal import Principal
 from hongbao.identity.redact import RedactCredentials, redact
 from hongbao.identity.verify import OLD_FORMAT
-from tests.tokens import ADMIN, SERVICE, hs256, mint
+from tests.tokens import ADMIN, SERVICE, hs256, mint, public_jwk
 
 SECRET = b"identity-unit-tests-secret-0123456789abcdef"
 OLD_SECRET = b"identity-unit-tests-old-secret-0123456789ab"
@@ -32,18 +32,6 @@ OLD_SECRET = b"identity-unit-tests-old-secret-0123456789ab"
 
 def b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def public_jwk(private: Any, kid: str) -> dict[str, Any]:
-    """The JWK of a private key's public half, as an identity provider publishes it."""
-    public = private.public_key()
-    if isinstance(public, rsa.RSAPublicKey):
-        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(public))
-    elif isinstance(public, ec.EllipticCurvePublicKey):
-        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(public))
-    else:
-        jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(public))
-    return {**jwk, "kid": kid, "use": "sig"}
 
 
 KEYS = {
