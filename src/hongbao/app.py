@@ -22,7 +22,9 @@ from hongbao.api.headers import SecurityHeaders
 from hongbao.api.history import HistoryApi
 from hongbao.api.openapi import build_openapi
 from hongbao.api.routes import Api
-from hongbao.auth import secret_from_env_or_dir
+from hongbao.identity import redact
+from hongbao.identity.config import IdentityConfig
+from hongbao.identity.gate import Identity
 from hongbao.metrics import Metrics
 from hongbao.runtime import running_service
 from hongbao.settings import Settings
@@ -39,7 +41,7 @@ ENV_METRICS_ADDRESS = "HONGBAO_METRICS_ADDRESS"
 
 def create_app(
     settings: Settings,
-    secret: bytes,
+    identity: IdentityConfig | bytes,
     *,
     run_workers: bool,
     demo_mode: bool = False,
@@ -54,9 +56,12 @@ def create_app(
     sign-in endpoint ``POST /demo/token``. Workers of one server pass the same
     `metrics_dir`, so that any of them answers ``/metrics`` with all their grabs; with
     `metrics_address`, ``/metrics`` is served there (each worker listens on it, the port
-    shared) and not on the API's address.
+    shared) and not on the API's address. `identity` says how tokens are checked (bytes:
+    HS256 under that secret alone).
     """
-    api = Api(settings, secret, Metrics(metrics_dir))
+    config = identity if isinstance(identity, IdentityConfig) else IdentityConfig(identity)
+    redact.install()  # no token= or ticket= value reaches the access log
+    api = Api(settings, Identity(config), Metrics(metrics_dir))
     web = WebApp(api, demo_mode=demo_mode)
     api.openapi = json.dumps(
         build_openapi(settings, demo_mode=demo_mode, metrics=metrics_address is None),
@@ -66,6 +71,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with running_service(settings, workers=run_workers) as runtime:
+            await api.identity.start(runtime.service.store)
             api.runtime = runtime
             web.start()
             publisher = (
@@ -88,6 +94,7 @@ def create_app(
                     await asyncio.gather(publisher, return_exceptions=True)
                     api.metrics.grabs.publish()  # the last grabs of this worker count too
                 await web.aclose()
+                await api.identity.aclose()
                 api.runtime = None
 
     app = Starlette(
@@ -132,16 +139,14 @@ async def _metrics_listener(api: Api, address: tuple[str, int]) -> uvicorn.Serve
 
 
 def app_from_env() -> Starlette:
-    """App factory for uvicorn worker processes: settings and secret from the environment."""
+    """App factory for uvicorn worker processes: settings and identity from the environment."""
     data_dir = os.environ.get(ENV_DATA_DIR)
-    secret = secret_from_env_or_dir(
-        os.environ.get("HONGBAO_SECRET"), Path(data_dir) if data_dir else None
-    )
+    identity = IdentityConfig.from_env(data_dir=Path(data_dir) if data_dir else None)
     metrics_dir = os.environ.get(ENV_METRICS_DIR)
     host, _, port = os.environ.get(ENV_METRICS_ADDRESS, "").rpartition(":")
     return create_app(
         Settings.from_env(),
-        secret,
+        identity,
         run_workers=False,
         demo_mode=os.environ.get(ENV_DEMO) == "1",
         metrics_dir=Path(metrics_dir) if metrics_dir else None,

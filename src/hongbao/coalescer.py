@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
+from hongbao.storage.codec import grabber
 from hongbao.storage.redis import Answer, RedisStore
 
 #: after a call, while grabs wait but fewer than FILL_TO, the next call waits up to
@@ -61,8 +62,13 @@ class GrabCoalescer:
         self.packets = 0
         self.calls = 0
 
-    def submit(self, keys: PacketKeys, user_id: str) -> asyncio.Future[Answer]:
-        """Queue one grab; the future gets its answer, or the StorageError of its call."""
+    def submit(
+        self, keys: PacketKeys, user_id: str, actor: str | None = None
+    ) -> asyncio.Future[Answer]:
+        """Queue one grab (by `actor` for the user, when given); the future gets its answer,
+        or the StorageError of its call. Grabs with and without an actor ride together."""
+        if actor is not None:
+            user_id = grabber(user_id, actor)
         lane_key = keys.bucket if self.per_bucket else 0
         lane = self._lanes.get(lane_key)
         if lane is None:

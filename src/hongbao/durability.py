@@ -50,13 +50,11 @@ from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import PREFIX, PacketKeys, bucket_tag
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent
-from hongbao.settings import Settings
+from hongbao.settings import ACK_MODES, Settings
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import RedisStore
 
 log = logging.getLogger("hongbao.durability")
-
-ACK_MODES = ("redis", "aof", "replica", "ledger")
 
 
 #: the start-up check runs twice (a preflight, then the service): say it once

@@ -75,3 +75,9 @@ class PacketKeys:
 
 def rate_limit_key(scope: str, subject: str) -> str:
     return f"{PREFIX}:rl:{scope}:{subject}"
+
+
+#: user id -> unix second: the user's tokens issued then or before are revoked (one slot)
+REVOKED_KEY = f"{PREFIX}:{{auth}}:revoked"
+#: bumped on every revocation, so that API processes poll one small value
+REVOKED_VERSION_KEY = f"{PREFIX}:{{auth}}:revoked:v"

@@ -5,6 +5,12 @@ acknowledges only after the commit. A replay is harmless (unique claims, unique
 ledger references). Entries of a consumer that died are reclaimed after an idle
 timeout; an entry that can never be applied is moved, with its reason, to the
 bucket's dead-letter stream.
+
+A persister that starts takes over at once what its previous run left pending (the
+same consumer name: `Settings.persister_consumer`, or the embedded server's fixed one)
+and what consumers named ``<this host>-<pid>`` whose process is gone left pending:
+those cannot be at work on them, so waiting out the idle timeout would only delay
+the ledger.
 """
 
 from __future__ import annotations
@@ -24,13 +30,28 @@ from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
 from hongbao.settings import Settings
 from hongbao.storage.codec import Refund, decode_entry
-from hongbao.storage.redis import Event, RedisStore
+from hongbao.storage.redis import Event, Pending, RedisStore
 
 log = logging.getLogger("hongbao.persister")
 
 
 def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def gone_from_this_host(consumer: str) -> bool:
+    """True for a default consumer name (``<hostname>-<pid>``) of this host whose process
+    no longer runs: its pending entries have nobody working on them."""
+    host, _, pid = consumer.rpartition("-")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
 
 
 def parse_event(event: Event) -> list[LedgerEvent]:
@@ -46,9 +67,15 @@ def parse_event(event: Event) -> list[LedgerEvent]:
             from_ms(entry.closed_at_ms),
         )
         return [refund]
+    actors = entry.actors
     return [
         ClaimEvent(
-            entry.packet_id, claim.share_index, user, claim.amount, from_ms(claim.claimed_at_ms)
+            entry.packet_id,
+            claim.share_index,
+            user,
+            claim.amount,
+            from_ms(claim.claimed_at_ms),
+            actors.get(user) if actors else None,
         )
         for user, claim in entry.claims
     ]
@@ -76,7 +103,7 @@ class Persister:
         self.store = store
         self.ledger = ledger
         self.settings = settings
-        self.consumer = consumer or default_consumer_name()
+        self.consumer = consumer or settings.persister_consumer or default_consumer_name()
         self.stats = PersisterStats()
         self.healthy = True
         self._loop_turns = 0
@@ -85,8 +112,12 @@ class Persister:
         """Work until `stop` is set; finishes the batch in hand before returning."""
         await self.store.ensure_groups()
         backoff = 0.05
+        taken_over = False
         while not stop.is_set():
             try:
+                if not taken_over:
+                    await self.take_over()
+                    taken_over = True
                 await self.step()
                 backoff = 0.05
                 self.healthy = True
@@ -171,29 +202,58 @@ class Persister:
             log.warning("persister: batch failed (%s); applying entries one by one", exc)
             return [(await self._apply([e]))[0] for e in events]
 
+    async def take_over(self) -> int:
+        """Apply now the entries pending for this consumer (its previous run) and for the
+        same-host consumers whose process is gone (see `gone_from_this_host`)."""
+        handled = 0
+        for bucket in range(self.store.buckets):
+            for name in await self.store.pending_consumers(bucket):
+                if name == self.consumer or gone_from_this_host(name):
+                    handled += await self._take_all(bucket, name)
+        return handled
+
+    async def _take_all(self, bucket: int, consumer: str) -> int:
+        handled = 0
+        seen: set[str] = set()
+        while True:
+            pending = await self.store.pending(
+                bucket, 0, self.settings.persister_batch, consumer=consumer
+            )
+            fresh = [p for p in pending if p.id not in seen]
+            if not fresh:  # none left (or only entries whose data is gone)
+                return handled
+            seen.update(p.id for p in fresh)
+            if consumer != self.consumer:
+                log.info("persister: taking over %d entries of %s", len(fresh), consumer)
+            handled += await self._claim_and_apply(bucket, fresh, 0)
+
     async def reclaim(self) -> int:
         """Take over entries idle too long in dead consumers; dead-letter over-delivered ones."""
         idle = self.settings.persister_claim_idle_ms
         handled = 0
         for bucket in range(self.store.buckets):
             pending = await self.store.pending(bucket, idle, self.settings.persister_batch)
-            if not pending:
-                continue
-            taken = await self.store.claim_entries(
-                bucket, self.consumer, idle, [p.id for p in pending]
-            )
-            deliveries = {p.id: p.deliveries for p in pending}
-            fresh: list[Event] = []
-            for event in taken:
-                if deliveries.get(event.id, 0) >= self.settings.persister_max_deliveries:
-                    await self._dead_letter(
-                        event, f"not applied after {deliveries[event.id]} deliveries"
-                    )
-                else:
-                    fresh.append(event)
-            self.stats.reclaimed += len(taken)
-            handled += await self.handle(fresh)
+            if pending:
+                handled += await self._claim_and_apply(bucket, pending, idle)
         return handled
+
+    async def _claim_and_apply(self, bucket: int, pending: list[Pending], idle_ms: int) -> int:
+        """Claim `pending` entries for this consumer and apply them; an entry delivered
+        persister_max_deliveries times already goes to the dead-letter stream."""
+        taken = await self.store.claim_entries(
+            bucket, self.consumer, idle_ms, [p.id for p in pending]
+        )
+        deliveries = {p.id: p.deliveries for p in pending}
+        fresh: list[Event] = []
+        for event in taken:
+            if deliveries.get(event.id, 0) >= self.settings.persister_max_deliveries:
+                await self._dead_letter(
+                    event, f"not applied after {deliveries[event.id]} deliveries"
+                )
+            else:
+                fresh.append(event)
+        self.stats.reclaimed += len(taken)
+        return await self.handle(fresh)
 
     async def _dead_letter(self, event: Event, reason: str) -> None:
         log.error("persister: dead-lettering %s %s: %s", event.stream, event.id, reason)

@@ -55,10 +55,8 @@ from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import LiveStatus
 
-#: GrabResult from a tuple, without NamedTuple.__new__'s Python frame (a grab each)
-_new_result = tuple.__new__
-#: module constants: reading a member off an Enum class goes through EnumType.__getattr__
-#: (about as costly as the rest of the status checks of a grab together)
+#: the grab path compares statuses with module constants: reading a member off an Enum
+#: class goes through EnumType.__getattr__, as costly as the rest of the comparison
 _UNKNOWN = GrabStatus.UNKNOWN
 _GRANTED = GrabStatus.GRANTED
 
@@ -99,11 +97,18 @@ class Hongbao:
 
     @classmethod
     async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:
-        store = store_from_url(settings.redis_url, settings.buckets)
+        store = store_from_url(
+            settings.redis_url, settings.buckets, allow_eviction=settings.allow_eviction
+        )
         ledger = SqlLedger.from_url(settings.database_url)
-        if migrate:
-            await ledger.migrate()
-        await store.ensure_groups()
+        try:
+            if migrate:
+                await ledger.migrate()
+            await store.ensure_groups()
+        except BaseException:
+            await store.aclose()
+            await ledger.aclose()
+            raise
         service = cls(store, ledger, settings)
         try:
             await service.durability.check()
@@ -119,11 +124,22 @@ class Hongbao:
 
     # -- wallets ------------------------------------------------------------------
 
-    async def deposit(self, user_id: str, amount: int, reference: str | None = None) -> Wallet:
-        """Add money to a wallet; a repeated `reference` changes nothing the second time."""
+    async def deposit(
+        self,
+        user_id: str,
+        amount: int,
+        reference: str | None = None,
+        actor: str | None = None,
+    ) -> Wallet:
+        """Add money to a wallet; a repeated `reference` changes nothing the second time.
+        `actor` (who deposits for the user, an admin) is recorded in the ledger."""
         require_user_id(user_id)
         require_amount(amount)
-        balance = await self.ledger.deposit(user_id, amount, reference or uuid.uuid4().hex)
+        if actor is not None:
+            require_user_id(actor, "actor")
+        balance = await self.ledger.deposit(
+            user_id, amount, reference or uuid.uuid4().hex, actor=actor
+        )
         return Wallet(user_id, balance)
 
     async def wallet(self, user_id: str) -> Wallet:
@@ -141,9 +157,13 @@ class Hongbao:
         greeting: str = "",
         expires_in: int | None = None,
         idempotency_key: str | None = None,
+        actor: str | None = None,
     ) -> Packet:
-        """Debit the sender, split the money into shares and open the packet for grabs."""
+        """Debit the sender, split the money into shares and open the packet for grabs.
+        `actor` (who sends for the sender, a service) is recorded in the ledger."""
         require_user_id(sender_id, "sender_id")
+        if actor is not None:
+            require_user_id(actor, "actor")
         require_amount(total_amount, "total_amount")
         if isinstance(count, bool) or not isinstance(count, int):
             raise InvalidRequest("count must be an integer", "count")
@@ -182,7 +202,9 @@ class Hongbao:
             expires_at=now + timedelta(seconds=lifetime),
             request_hash=hashlib.sha256(request.encode()).hexdigest(),
         )
-        record, created = await self.ledger.create_packet(record, amounts, idempotency_key)
+        record, created = await self.ledger.create_packet(
+            record, amounts, idempotency_key, actor=actor
+        )
         if created:
             await self._load(record, list(enumerate(amounts)), [])
         else:
@@ -191,16 +213,19 @@ class Hongbao:
 
     # -- grabbing -----------------------------------------------------------------
 
-    async def grab(self, packet_id: str, user_id: str) -> GrabResult:
-        """Take one share for this user; the same user again gets the same share back."""
+    async def grab(self, packet_id: str, user_id: str, actor: str | None = None) -> GrabResult:
+        """Take one share for this user; the same user again gets the same share back.
+        `actor` (who grabs for the user, a service) travels with the grant to the ledger."""
         require_user_id(user_id)
+        if actor is not None:
+            require_user_id(actor, "actor")
         keys = self.keys_of(packet_id)
         submit = self.coalescer.submit
-        status, seq, amount, at = await submit(keys, user_id)
+        status, seq, amount, at = await submit(keys, user_id, actor)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             loaded, record = await self._loaded(packet_id)
             if loaded:
-                status, seq, amount, at = await submit(keys, user_id)
+                status, seq, amount, at = await submit(keys, user_id, actor)
             if status is _UNKNOWN:
                 return await self._grab_from_ledger(record, packet_id, user_id)
         if not seq:  # the user holds no share
@@ -208,7 +233,7 @@ class Hongbao:
         if self.durability.waits:
             await self.durability.confirm(keys, user_id, ClaimValue(seq, amount, at))
         first = status is _GRANTED
-        return _new_result(GrabResult, (packet_id, user_id, amount, seq, first, at))
+        return GrabResult(packet_id, user_id, amount, seq, first, at)
 
     def keys_of(self, packet_id: str) -> PacketKeys:
         """The Redis keys of a well-formed packet id; PacketNotFound for any other text.

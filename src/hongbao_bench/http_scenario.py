@@ -1,11 +1,10 @@
 """hongbao-http: `hongbao serve --workers 2` under `wrk`, against hello-world on the same setup.
 
 Both servers run side by side and are loaded in alternating slices (hello, grab, grab,
-hello, ...), so that both sides of the ratio see the same spells of a shared machine.
-Measured one after the other they did not: on this project's 2-core VM, one hello run
-followed by one grab run read 47-86% within an hour on the same code, while the grab
-rate of consecutive 2-second slices of one server ranged 6,500-13,900 requests/s
-(session 12). Each side's figures are summed over its slices; p99 is the worst slice's.
+hello, ...), so that both sides of the ratio see the same spells of a shared machine: on
+a shared machine the speed of consecutive seconds can differ by half, and two runs one
+after the other measure two different machines (docs/performance.md). Each side's
+figures are summed over its slices; p99 is the worst slice's.
 """
 
 from __future__ import annotations

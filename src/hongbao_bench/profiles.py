@@ -36,12 +36,9 @@ class Profile:
         return max(200, self.hb_packets * self.hb_shares // 8)
 
 
-#: The quick profile's engine storm (8 x 40,000 grabs) lasts over a second. At 10,000
-#: a packet it lasted ~0.4 s, and a stall as short as the AOF rewrite that the earlier
-#: scenarios' writes set off (seen inside it) was a fifth of it: Redis CPU read 79-82%
-#: in 4 runs after seed-baseline and redis-benchmark, 88-93% in 3 alone. Now 89-97%,
-#: though a slow minute for the Python process still reads lower (76% once; see
-#: docs/performance.md).
+#: The quick profile's engine storm (8 x 40,000 grabs) lasts over a second, so that a
+#: stall as short as an AOF rewrite set off by the earlier scenarios' writes is a small
+#: part of it and does not decide its Redis CPU reading.
 PROFILES: dict[str, Profile] = {
     "tiny": Profile(
         name="tiny",

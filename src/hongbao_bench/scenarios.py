@@ -15,6 +15,8 @@ Scenario names (``--scenarios``), in the order they run:
   (`hongbao_bench.seed_scenarios`);
 * ``memory``: Redis bytes per unclaimed share and per claim for a 10,000-share packet
   (`hongbao_bench.memory`);
+* ``micro``: what each performance seam of the grab path saves against the plain way
+  (`hongbao_bench.micro`);
 * ``history``: pages of the red-packet record and of a wallet's entries over a ledger of
   1,000,000 claims on PostgreSQL, and smaller ones on MariaDB and SQLite
   (`hongbao_bench.history_scenario`);
@@ -33,6 +35,7 @@ from hongbao_bench.engine_scenario import ack_modes, hongbao, hongbao_nocoalesce
 from hongbao_bench.history_scenario import history_scenario
 from hongbao_bench.http_scenario import hongbao_http
 from hongbao_bench.memory import memory_scenario
+from hongbao_bench.micro import micro
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
 
 Runner = Callable[[BenchContext], Awaitable[list[Outcome]]]
@@ -48,6 +51,7 @@ RUNNERS: dict[str, Runner] = {
     "hongbao-http": hongbao_http,
     "designs": designs,
     "memory": memory_scenario,
+    "micro": micro,
     "history": history_scenario,
     "hongbao-cluster": cluster_scenario,
 }

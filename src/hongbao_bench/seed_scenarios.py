@@ -19,7 +19,7 @@ import socket
 import subprocess
 from collections import Counter
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 import redis
 
@@ -58,7 +58,7 @@ def _redis_benchmark_run(
             name, "redis-benchmark", "skipped", note="redis-benchmark not found (redis-tools)"
         )
     parts = urlsplit(ctx.redis_url)
-    db = int(parts.path.strip("/") or 0)
+    db = _database_number(parts)
     admin = redis.Redis.from_url(ctx.redis_url, decode_responses=True)
     prefix = f"hb:bench:rb:{secrets.token_hex(6)}:"
     keys = [prefix + "hongBaoList", prefix + "hongBaoConsumedList", prefix + "hongBaoConsumedMap"]
@@ -70,7 +70,10 @@ def _redis_benchmark_run(
             if len(pipe) >= 2_000:
                 pipe.execute()
         pipe.execute()
-        args = [binary, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+        if parts.scheme == "unix":  # the embedded server listens on a socket only
+            args = [binary, "-s", unquote(parts.path)]
+        else:
+            args = [binary, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
         if parts.password:
             args += ["-a", parts.password]
         args += ["--dbnum", str(db), "-c", str(clients), "-n", str(requests), "-P", str(pipeline)]
@@ -125,6 +128,13 @@ def _redis_benchmark_run(
     return Outcome(
         name, "redis-benchmark", status_of(result), result, problem_note(result), figures
     )
+
+
+def _database_number(parts: SplitResult) -> int:
+    """redis://host:port/N, or unix:///path?db=N."""
+    if parts.scheme == "unix":
+        return int(parse_qs(parts.query).get("db", ["0"])[0])
+    return int(parts.path.strip("/") or 0)
 
 
 async def redis_benchmark(ctx: BenchContext) -> list[Outcome]:

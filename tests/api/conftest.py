@@ -24,10 +24,10 @@ from starlette.applications import Starlette
 
 from hongbao.api.openapi import build_openapi
 from hongbao.app import create_app
-from hongbao.auth import issue_token
 from hongbao.ledger import SqlLedger
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore
+from tests.tokens import hs256
 
 SECRET = b"api-tests-secret-0123456789abcdef"
 #: the API tests use their own Redis database: the other suites (db 1) flush theirs and run
@@ -37,7 +37,7 @@ BASE = "http://hongbao.test"
 
 
 def bearer(user: str, *, admin: bool = False, secret: bytes = SECRET, **kw: Any) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issue_token(secret, user, admin=admin, **kw)}"}
+    return {"Authorization": f"Bearer {hs256(user, secret, admin=admin, **kw)}"}
 
 
 ADMIN = bearer("admin", admin=True)

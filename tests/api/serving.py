@@ -82,11 +82,13 @@ def audit(data_dir: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def separate_worker(redis_url: str, data_dir: Path) -> Iterator[None]:
-    """Run `hongbao worker` (persister + sweeper) beside a `serve --no-persister`;
+def separate_worker(redis_url: str | None, data_dir: Path, *args: str) -> Iterator[None]:
+    """Run `hongbao worker` (persister + sweeper) beside a `serve --no-persister` (or
+    without a Redis URL: on the embedded server of the serve running on `data_dir`);
     on exit SIGTERM it and check that it stopped cleanly."""
+    where = ["--redis-url", redis_url] if redis_url else []
     worker = subprocess.Popen(
-        [*command(), "worker", "--redis-url", redis_url, "--data-dir", str(data_dir)],
+        [*command(), "worker", *where, "--data-dir", str(data_dir), *args],
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -112,10 +114,11 @@ class Serve:
         env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
-        #: settings in the environment, over the tests' defaults
-        self.env = env or {}
         self.port = port or free_port()
         self.args = args
+        #: the command's environment: no HONGBAO_* variable but the rate limits off (the
+        #: tests load one server from one address), then `env` over it
+        self.env = {**clean_env(**NO_RATE_LIMITS), **(env or {})}
         #: what runs the CLI (default: the `hongbao` command)
         self.launcher = launcher
         self.log_path = data_dir.parent / f"serve-{data_dir.name}.log"
@@ -141,7 +144,7 @@ class Serve:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=clean_env(**{**NO_RATE_LIMITS, **self.env}),
+                env=self.env,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -175,7 +178,7 @@ class Serve:
 
     def tokens(self, *users: str, admin: bool = False) -> list[str]:
         flags = ["--admin"] if admin else []
-        done = run_cli("token", *users, *flags, "--data-dir", str(self.data_dir))
+        done = run_cli("token", *users, *flags, "--data-dir", str(self.data_dir), env=self.env)
         assert done.returncode == 0, done.stderr
         return done.stdout.splitlines()
 

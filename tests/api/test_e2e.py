@@ -20,6 +20,7 @@ from hongbao.metrics import PUBLISH_SECONDS
 from tests.api.serving import (
     Serve,
     audit,
+    clean_env,
     connections_by_pid,
     run_cli,
     separate_worker,
@@ -214,6 +215,14 @@ async def snapshot(
     return out
 
 
+def no_server_left(data_dir: Path, within: float = 15) -> None:
+    """The embedded server of `data_dir` is gone (SIGTERM from Linux flushes its AOF)."""
+    deadline = time.monotonic() + within
+    while left := servers_for(data_dir):
+        assert time.monotonic() < deadline, f"left running: {left}"
+        time.sleep(0.1)
+
+
 def stop_cleanly(server: Serve) -> None:
     assert server.stop(signal.SIGTERM) == 0, server.log()
     assert "Traceback" not in server.log(), server.log()
@@ -367,8 +376,8 @@ def test_api_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
             # its workers' folder is left behind; the next start removes it (test_metrics)
             assert server.proc is not None
             assert (tmp_path / "data" / "metrics" / str(server.proc.pid)).is_dir()
+        no_server_left(tmp_path / "data")  # nor the embedded server
     finally:
-        # the embedded Redis outlives a crash by design (the next start replaces it)
         orphans = [int(line.split()[0]) for line in servers_for(tmp_path / "data")]
         for pid in orphans + [pid for pid in workers if alive(pid)]:
             os.kill(pid, signal.SIGTERM)
@@ -416,7 +425,8 @@ def test_external_redis_with_a_separate_worker(tmp_path: Path, redis_url: str) -
 
     redis.Redis.from_url(redis_url).flushdb()
     data_dir = tmp_path / "data"
-    server = Serve(data_dir, None, "--redis-url", redis_url, "--no-persister")
+    env = clean_env(HONGBAO_SECRET="e2e-tests-shared-secret-0123456789")
+    server = Serve(data_dir, None, "--redis-url", redis_url, "--no-persister", env=env)
     with server:
         with separate_worker(redis_url, data_dir):
             _send_grab_expire(server)
@@ -437,7 +447,7 @@ def test_ctrl_c_and_restart_after_a_crash(tmp_path: Path) -> None:
     crashed = Serve(data_dir)
     with crashed:
         assert crashed.stop(signal.SIGKILL) == -signal.SIGKILL
-        assert len(servers_for(data_dir)) == 1  # the orphan of the crashed run
+        no_server_left(data_dir)  # the embedded server dies with its serve
 
     again = Serve(data_dir)
     with again:
@@ -445,5 +455,85 @@ def test_ctrl_c_and_restart_after_a_crash(tmp_path: Path) -> None:
         r = httpx.get(f"{again.url}/v1/wallets/sender", headers=auth(admin))
         assert r.json()["balance"] == 900
         assert len(servers_for(data_dir)) == 1
+        stop_cleanly(again)
+    assert audit(data_dir) == []
+
+
+def test_a_worker_joins_the_embedded_server_of_a_running_serve(tmp_path: Path) -> None:
+    """`hongbao worker --data-dir` finds the socket of the serve running on that folder."""
+    import redis
+
+    data_dir = tmp_path / "data"
+    server = Serve(data_dir)
+    with server:
+        with separate_worker(None, data_dir, "--consumer-name", "extra"):
+            _send_grab_expire(server)
+            url = f"unix://{data_dir}/redis/valkey.sock?db=0"
+            with redis.Redis.from_url(url, decode_responses=True) as r:
+                deadline = time.monotonic() + 20
+                while True:
+                    names = {c["name"] for c in r.xinfo_consumers("hb:{b0}:ev", "persister")}
+                    if "extra" in names or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
+            assert {"serve", "extra"} <= names
+        stop_cleanly(server)
+    assert audit(data_dir) == []
+
+
+async def grab_all(server: Serve, packet_id: str, tokens: list[str]) -> dict[str, int]:
+    """Every token grabs once, all at once; the amount each acknowledged grab got."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        answers = await asyncio.gather(
+            *(client.post(f"/v1/packets/{packet_id}/grab", headers=auth(t)) for t in tokens)
+        )
+    return {r.json()["user_id"]: r.json()["amount"] for r in answers if r.status_code == 200}
+
+
+async def ledger_claims(data_dir: Path, packet_id: str) -> dict[str, int]:
+    from hongbao.ledger import SqlLedger
+    from hongbao.serving.embedded import ledger_url
+
+    ledger = SqlLedger.from_url(ledger_url(data_dir))
+    try:
+        return {c.user_id: c.amount for c in await ledger.claims_of(packet_id)}
+    finally:
+        await ledger.aclose()
+
+
+def test_serve_killed_leaves_nothing_running_and_its_next_run_settles_at_once(
+    tmp_path: Path,
+) -> None:
+    """After `kill -9` of serve, the embedded server is gone too; the next run's
+    persister takes over what the killed one had read and not applied, at once
+    (not after persister_claim_idle_ms)."""
+    data_dir = tmp_path / "data"
+    crashed = Serve(data_dir)
+    with crashed:
+        [admin] = crashed.tokens("admin", admin=True)
+        [sender] = crashed.tokens("sender")
+        tokens = crashed.tokens(*(f"g{i}" for i in range(200)))
+        with httpx.Client(base_url=crashed.url, timeout=30) as client:
+            r = client.post(
+                "/v1/wallets/sender/deposits", json={"amount": 2000}, headers=auth(admin)
+            )
+            assert r.status_code == 201, r.text
+            r = client.post(
+                "/v1/packets",
+                json={"total_amount": 2000, "count": 200, "mode": "lucky"},
+                headers=auth(sender),
+            )
+            packet_id = r.json()["id"]
+        acked = asyncio.run(grab_all(crashed, packet_id, tokens))
+        assert crashed.stop(signal.SIGKILL) == -signal.SIGKILL
+        no_server_left(data_dir)
+    assert len(acked) == 200
+
+    again = Serve(data_dir)
+    with again:
+        started = time.monotonic()
+        while (found := asyncio.run(ledger_claims(data_dir, packet_id))) != acked:
+            assert time.monotonic() - started < 3, f"{len(acked) - len(found)} grabs missing"
+            time.sleep(0.05)
         stop_cleanly(again)
     assert audit(data_dir) == []

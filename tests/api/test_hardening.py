@@ -308,6 +308,10 @@ def test_metrics_on_an_address_of_their_own(tmp_path: Path) -> None:
         assert "/metrics" not in httpx.get(f"{server.url}/openapi.json").json()["paths"]
 
 
+def bearer_of(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 def test_live_streams_are_capped_per_user(tmp_path: Path) -> None:
     with Serve(tmp_path / "data", None) as server:
         admin, kate, leo = server.tokens("admin", admin=True) + server.tokens("kate", "leo")
@@ -325,12 +329,12 @@ def test_live_streams_are_capped_per_user(tmp_path: Path) -> None:
         with contextlib.ExitStack() as streams:
             for _ in range(MAX_STREAMS_PER_USER):
                 stream = streams.enter_context(
-                    httpx.stream("GET", url, params={"token": kate}, timeout=10)
+                    httpx.stream("GET", url, headers=bearer_of(kate), timeout=10)
                 )
                 assert stream.status_code == 200
-            over = httpx.get(url, params={"token": kate}, timeout=10)
+            over = httpx.get(url, headers=bearer_of(kate), timeout=10)
             assert over.status_code == 429 and over.json()["code"] == "too_many_streams"
-            with httpx.stream("GET", url, params={"token": leo}, timeout=10) as other:
+            with httpx.stream("GET", url, headers=bearer_of(leo), timeout=10) as other:
                 assert other.status_code == 200  # another user still may
-        with httpx.stream("GET", url, params={"token": kate}, timeout=10) as again:
+        with httpx.stream("GET", url, headers=bearer_of(kate), timeout=10) as again:
             assert again.status_code == 200  # closed streams give their room back

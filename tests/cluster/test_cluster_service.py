@@ -13,7 +13,7 @@ import pytest
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.storage.redis import Event
-from tests.api.serving import Serve, audit, run_cli, separate_worker
+from tests.api.serving import Serve, audit, clean_env, run_cli, separate_worker
 from tests.api.test_e2e import _send_grab_expire as send_grab_expire
 from tests.api.test_e2e import drive, stop_cleanly
 from tests.cluster.conftest import BUCKETS
@@ -24,6 +24,9 @@ from tests.integration.test_concurrency import (
     storm_while_persisting,
 )
 from tests.servers import RedisCluster
+
+#: API processes on a configured Redis share their secret
+SHARED = clean_env(HONGBAO_SECRET="cluster-tests-shared-secret-0123456789")
 
 pytestmark = [pytest.mark.redis_cluster, pytest.mark.integration]
 
@@ -151,7 +154,7 @@ async def test_serve_end_to_end_on_a_cluster(
 ) -> None:
     """tests/api/test_e2e.py's HTTP walk-through against `serve --redis-url redis+cluster://`."""
     data_dir = tmp_path / "data"
-    server = Serve(data_dir, None, "--redis-url", redis_cluster.url)
+    server = Serve(data_dir, None, "--redis-url", redis_cluster.url, env=SHARED)
     with server:
         await drive(server)
         await asyncio.to_thread(stop_cleanly, server)
@@ -167,7 +170,7 @@ def test_serve_and_a_separate_worker_on_a_cluster(
     with redis_cluster.cluster_client() as rc:
         rc.flushdb()
     data_dir = tmp_path / "data"
-    server = Serve(data_dir, None, "--redis-url", redis_cluster.url, "--no-persister")
+    server = Serve(data_dir, None, "--redis-url", redis_cluster.url, "--no-persister", env=SHARED)
     with server:
         with separate_worker(redis_cluster.url, data_dir):
             send_grab_expire(server)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hongbao.domain.models import GrabStatus
-from hongbao.errors import StorageError
+from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import PacketKeys, dead_letter_key, events_key
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
@@ -205,3 +205,22 @@ async def test_write_then_wait_runs_on_the_slot_primary(
         assert await cluster_store.write_then_wait(probe, "WAIT", 2, 50) == 1  # one replica each
         with redis_cluster.primary_for_key(probe).client() as c:
             assert c.get(probe) == "2"
+
+
+async def test_every_primary_must_not_evict(cluster_store: RedisClusterStore) -> None:
+    """Not just the node INFO goes to by default: each primary the client knows."""
+    import redis
+
+    await cluster_store.check_server()
+    default = cluster_store.client.get_default_node()
+    other = next(n for n in cluster_store.client.get_nodes() if n.name != default.name)
+    node = redis.Redis(host=other.host, port=other.port)
+    try:
+        node.config_set("maxmemory-policy", "volatile-lru")
+        assert await cluster_store.eviction_policy() == "volatile-lru"
+        with pytest.raises(ConfigurationError, match="maxmemory-policy is volatile-lru"):
+            await cluster_store.check_server()
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        node.close()
+    await cluster_store.check_server()

@@ -36,11 +36,11 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from hongbao.auth import issue_tokens
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import claims, entries, packets, wallets
 from tests.api.serving import NO_RATE_LIMITS, clean_env, command
 from tests.servers import RedisNode, _valkey_bin, find_server_binary, free_port
+from tests.tokens import hs256
 
 SECRET = "fault-tests-secret-0123456789abcdef0123456789"
 BUCKETS = 4
@@ -349,7 +349,7 @@ def make_stack(pg: PgCluster, tmp_path: Path) -> Iterator[Any]:
 
 
 def tokens(*users: str, admin: bool = False) -> list[str]:
-    return issue_tokens(SECRET.encode(), list(users), admin=admin, ttl=3600)
+    return [hs256(user, SECRET.encode(), admin=admin, ttl=3600) for user in users]
 
 
 def setup_packets(

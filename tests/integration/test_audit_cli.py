@@ -42,8 +42,7 @@ def test_audit_and_recover_while_serving_embedded(tmp_path: Path) -> None:
         assert "audit: clean" in clean.stdout and "open packets checked: 1" in clean.stdout
         assert len(servers_for(data)) == 1  # the audit used serve's server, started none
 
-        port = int((data / "redis" / "port").read_text())
-        redis.Redis(port=port).flushall()
+        redis.Redis(unix_socket_path=str(data / "redis" / "valkey.sock")).flushall()
         broken = run_cli("audit", "--data-dir", str(data))
         assert broken.returncode == 1
         assert f"packet {pid}" in broken.stdout and "missing from Redis" in broken.stdout

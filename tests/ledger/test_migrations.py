@@ -38,6 +38,7 @@ IDENTIFIERS = [
     ("hb_ledger_entries", "reference"),
     ("hb_ledger_entries", "user_id"),
     ("hb_ledger_entries", "packet_id"),
+    ("hb_ledger_entries", "actor"),
     ("hb_packets", "id"),
     ("hb_packets", "sender_id"),
     ("hb_packets", "idempotency_key"),

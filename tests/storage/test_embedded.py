@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
+import stat
 import subprocess
 import sys
 import time
@@ -65,19 +65,37 @@ def test_server_binary_is_bundled_valkey() -> None:
     assert os.access(binary, os.X_OK)
 
 
+def listening_tcp_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on (Linux /proc)."""
+    inodes = {
+        link[8:-1]
+        for link in (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir())
+        if link.startswith("socket:[")
+    }
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 @pytest.mark.parametrize("binary", BINARIES)
 def test_start_ping_stop(data_dir: Path, binary: Path | None) -> None:
     server = EmbeddedServer(data_dir, binary=binary)
     url = server.start()
     assert url == server.url
-    assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+    assert url == f"unix://{data_dir}/redis/valkey.sock?db=0"
     pid = server.pid
     assert pid is not None
     with client(url) as c:
         assert c.ping()
         assert c.config_get("appendonly") == {"appendonly": "yes"}
         assert c.config_get("appendfsync") == {"appendfsync": "everysec"}
-        assert c.config_get("bind")["bind"] == "127.0.0.1"
+        assert c.config_get("port") == {"port": "0"}
+        assert c.config_get("unixsocketperm") == {"unixsocketperm": "700"}
+        assert c.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
         assert c.config_get("protected-mode") == {"protected-mode": "yes"}
         assert Path(c.config_get("dir")["dir"]) == (data_dir / "redis").resolve()
     assert (data_dir / "redis" / "server.pid").read_text().strip() == str(pid)
@@ -87,6 +105,35 @@ def test_start_ping_stop(data_dir: Path, binary: Path | None) -> None:
     assert not (data_dir / "redis" / "server.pid").exists()
     with pytest.raises(StorageError):
         _ = server.url
+
+
+def test_no_tcp_port_and_a_socket_only_its_owner_can_open(data_dir: Path) -> None:
+    """Any local process could write a forged grant to a bucket stream over TCP; the
+    socket is 0700 in a 0700 folder, so only the owner (and root) can connect."""
+    with EmbeddedServer(data_dir / "data") as server:
+        assert server.pid is not None
+        assert listening_tcp_ports(server.pid) == []
+        sock = data_dir / "data" / "redis" / "valkey.sock"
+        assert stat.S_ISSOCK(sock.stat().st_mode)
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o700
+        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE((data_dir / "data").stat().st_mode) == 0o700
+        assert str(sock) in Path("/proc/net/unix").read_text()
+
+
+def test_a_folder_opened_to_others_is_closed_again(data_dir: Path) -> None:
+    (data_dir / "redis").mkdir(mode=0o755)
+    os.chmod(data_dir / "redis", 0o755)
+    with EmbeddedServer(data_dir):
+        assert stat.S_IMODE((data_dir / "redis").stat().st_mode) == 0o700
+
+
+def test_a_path_too_long_for_a_socket_is_refused_before_anything(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    server = EmbeddedServer(deep)
+    with pytest.raises(ConfigurationError, match="too long for the embedded server's Unix socket"):
+        server.start()
+    assert not deep.exists()
 
 
 @pytest.mark.parametrize("binary", BINARIES)
@@ -129,12 +176,15 @@ def test_stop_after_server_died(data_dir: Path) -> None:
     assert not alive(pid)
 
 
+#: a run whose server outlives it when it crashes: as on a system without PR_SET_PDEATHSIG
 CRASHER = """
 import sys, time
 from pathlib import Path
 import redis
-from hongbao.serving.embedded import EmbeddedServer
-server = EmbeddedServer(Path(sys.argv[1]))
+from hongbao.serving import embedded
+if sys.argv[2] == "outlive":
+    embedded.parent_death_signal = lambda sig: 0
+server = embedded.EmbeddedServer(Path(sys.argv[1]))
 url = server.start()
 redis.Redis.from_url(url).set("before-crash", "kept")
 print(url, server.pid, flush=True)
@@ -159,7 +209,9 @@ def crashed_run(data_dir: Path) -> Iterator[tuple[str, int]]:
     set_child_subreaper(True)
     try:
         child = subprocess.Popen(
-            [sys.executable, "-c", CRASHER, str(data_dir)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", CRASHER, str(data_dir), "outlive"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             assert child.stdout is not None
@@ -188,7 +240,7 @@ def test_stale_server_from_crashed_run_is_replaced(
     with EmbeddedServer(data_dir) as server:
         assert not alive(old_pid), "the stale server must be shut down"
         assert server.pid != old_pid
-        assert server.url == old_url  # the port was freed and is reused
+        assert server.url == old_url  # the same socket
         with client(server.url) as c:
             assert c.get("before-crash") == b"kept"  # shut down cleanly, AOF reloaded
         assert servers_for(data_dir) == [server.pid]
@@ -241,48 +293,32 @@ def test_pidfile_naming_a_foreign_process_never_kills_it(data_dir: Path) -> None
         foreign.wait()
 
 
-def test_port_is_persisted_across_restarts(data_dir: Path) -> None:
+def test_the_server_dies_with_the_process_that_started_it(data_dir: Path) -> None:
+    """A SIGKILLed owner cannot stop its server: Linux does (PR_SET_PDEATHSIG), with
+    SIGTERM, which flushes the AOF; nothing is left running on the data folder."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASHER, str(data_dir), "die"], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    url, pid_text = child.stdout.readline().split()
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    deadline = time.monotonic() + 10
+    while alive(int(pid_text)):
+        assert time.monotonic() < deadline, "the server outlived its owner"
+        time.sleep(0.05)
+    with EmbeddedServer(data_dir) as server, client(server.url) as c:
+        assert server.url == url
+        assert c.get("before-crash") == b"kept"
+
+
+def test_url_if_running(data_dir: Path) -> None:
+    other = EmbeddedServer(data_dir)
+    assert other.url_if_running() is None
     with EmbeddedServer(data_dir) as server:
-        first = server.url
-    port = int((data_dir / "redis" / "port").read_text())
-    assert first == f"redis://127.0.0.1:{port}/0"
-    with EmbeddedServer(data_dir) as server:
-        assert server.url == first
-
-
-def test_taken_port_is_replaced_and_persisted(data_dir: Path) -> None:
-    with EmbeddedServer(data_dir) as server:
-        first = server.url
-    port = int((data_dir / "redis" / "port").read_text())
-    with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
-        squatter.bind(("127.0.0.1", port))
-        squatter.listen()
-        with EmbeddedServer(data_dir) as server:
-            assert server.url != first
-            new_port = int((data_dir / "redis" / "port").read_text())
-            assert server.url == f"redis://127.0.0.1:{new_port}/0"
-            with client(server.url) as c:
-                assert c.ping()
-
-
-def test_explicit_port(data_dir: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with EmbeddedServer(data_dir, port=port) as server:
-        assert server.url == f"redis://127.0.0.1:{port}/0"
-
-
-def test_explicit_port_in_use_is_reported(data_dir: Path) -> None:
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
-        port = squatter.getsockname()[1]
-        server = EmbeddedServer(data_dir, port=port)
-        with pytest.raises(StorageError, match="in use"):
-            server.start()
-        assert not server.running
+        assert other.url_if_running() == server.url
+    assert other.url_if_running() is None
 
 
 def test_missing_binary_is_a_configuration_error(data_dir: Path) -> None:

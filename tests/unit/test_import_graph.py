@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "hongbao.runtime",
         ],
     ),
-    ("identity", ["hongbao.auth"]),
+    ("identity", ["hongbao.identity."]),
     ("http", ["hongbao.api.", "hongbao.web."]),
     ("app", ["hongbao.app"]),
     ("serving", ["hongbao.serving."]),

@@ -12,12 +12,12 @@ import pytest
 from starlette.applications import Starlette
 
 from hongbao.app import create_app
-from hongbao.auth import issue_token
 from hongbao.errors import RateLimited
 from hongbao.ledger import SqlLedger
 from hongbao.ratelimit import RateLimiter
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore
+from tests.tokens import hs256
 
 pytestmark = [
     pytest.mark.redis,
@@ -28,7 +28,7 @@ SECRET = b"ratelimit-tests-secret-0123456789abcdef"
 
 
 def bearer(user: str, *, admin: bool = False, secret: bytes = SECRET, **kw: int) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issue_token(secret, user, admin=admin, **kw)}"}
+    return {"Authorization": f"Bearer {hs256(user, secret, admin=admin, **kw)}"}
 
 
 async def test_token_bucket_burst_then_refuse(store: RedisStore, settings: Settings) -> None:
@@ -108,7 +108,7 @@ async def test_a_token_acts_only_as_its_user(client: httpx.AsyncClient) -> None:
     r = await client.get("/v1/wallets/bob", headers=bearer("alice"))
     assert r.status_code == 403
     # a token whose payload names bob but carries alice's signature: refused
-    head, payload, sig = issue_token(SECRET, "alice").split(".")
+    head, payload, sig = hs256("alice", SECRET).split(".")
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     forged_payload = claims | {next(k for k, v in claims.items() if v == "alice"): "bob"}
     raw = json.dumps(forged_payload, separators=(",", ":")).encode()

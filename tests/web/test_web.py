@@ -366,7 +366,8 @@ def test_admin_dashboard(browser: Any, server: Serve, contexts: list[Any]) -> No
 
 
 def test_event_stream_and_demo_endpoint(server: Serve) -> None:
-    """The SSE endpoint takes ?token= (EventSource cannot set headers) and refuses without."""
+    """The SSE endpoint takes ?ticket= (EventSource cannot set headers), a one-minute ticket
+    for the packet; a token in the URL is refused with a note to use a ticket."""
     signed_in = httpx.post(f"{server.url}/demo/token", json={"name": "kate"})
     assert signed_in.status_code == 201, signed_in.text
     token = signed_in.json()["token"]
@@ -378,15 +379,22 @@ def test_event_stream_and_demo_endpoint(server: Serve) -> None:
     assert sent.status_code == 201, sent.text
     packet_id = sent.json()["id"]
     url = f"{server.url}/v1/packets/{packet_id}/events"
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert httpx.post(f"{url}/ticket").status_code == 401
+    granted = httpx.post(f"{url}/ticket", headers=bearer)
+    assert granted.status_code == 200, granted.text
+    assert granted.json()["expires_in"] == 60
+    ticket = granted.json()["ticket"]
     assert httpx.get(url).status_code == 401
-    assert httpx.get(url, params={"token": token + "x"}).status_code == 401
-    assert (
-        httpx.get(
-            f"{server.url}/v1/packets/01zzzzzzzzzzzzzzzzzzzzzzzz/events", params={"token": token}
-        ).status_code
-        == 404
-    )
-    with httpx.stream("GET", url, params={"token": token}, timeout=10) as stream:
+    refused = httpx.get(url, params={"token": token})
+    assert refused.status_code == 401 and "ticket" in refused.json()["detail"]
+    assert httpx.get(url, params={"ticket": ticket + "x"}).status_code == 401
+    missing = f"{server.url}/v1/packets/01zzzzzzzzzzzzzzzzzzzzzzzz/events"
+    assert httpx.post(f"{missing}/ticket", headers=bearer).status_code == 404
+    other = httpx.get(missing, params={"ticket": ticket})  # a ticket is for one packet
+    assert other.status_code == 401 and "another packet" in other.json()["detail"]
+    assert httpx.get(missing, headers=bearer).status_code == 404
+    with httpx.stream("GET", url, params={"ticket": ticket}, timeout=10) as stream:
         assert stream.status_code == 200
         assert stream.headers["content-type"].startswith("text/event-stream")
         started = time.monotonic()

@@ -32,15 +32,21 @@ class GrabFastPath:
         if packet_id is None:
             await self.app(scope, receive, send)
             return
-        authorization = None
+        authorization = on_behalf_of = None
         for name, value in scope["headers"]:
-            if name == b"authorization":  # the first one, as Starlette's headers.get
-                authorization = value.decode("latin-1")
-                break
+            # the first of each, as Starlette's headers.get
+            if name == b"authorization":
+                if authorization is None:
+                    authorization = value.decode("latin-1")
+            elif name == b"x-on-behalf-of" and on_behalf_of is None:
+                on_behalf_of = value.decode("latin-1")
         client = scope.get("client")
-        answer = await self.api.grab_answer(packet_id, authorization, client[0] if client else None)
+        answer = await self.api.grab_answer(
+            packet_id, authorization, client[0] if client else None, on_behalf_of
+        )
         if isinstance(answer, bytes):
-            headers = [(b"content-length", b"%d" % len(answer)), _JSON, *SECURITY_HEADERS]
+            # in the order a Starlette Response given these headers sends them
+            headers = [*SECURITY_HEADERS, (b"content-length", b"%d" % len(answer)), _JSON]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": answer})
         else:

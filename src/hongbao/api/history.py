@@ -23,17 +23,18 @@ from starlette.routing import Route
 
 from hongbao.api.routes import Api, query_int
 from hongbao.api.schemas import Fen, PacketId, UserId, cursor_parts, encode_cursor, iso
-from hongbao.auth import Principal
 from hongbao.domain.history import EntriesPage, Keyset, ReceivedPage, SentPage, Statement
 from hongbao.errors import Forbidden, InvalidRequest
 from hongbao.history import DEFAULT_PAGE, MAX_PAGE, MAX_YEAR, MIN_YEAR
+from hongbao.identity.principal import Principal
 from hongbao.ledger.schema import ENTRY_KINDS
 
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def may_read_history(caller: Principal, user_id: str) -> bool:
-    """Who may read a user's record and wallet entries: the user, or an admin."""
+    """Who may read a user's record and wallet entries: the user, or an admin. A service
+    acting for the user (X-On-Behalf-Of) is the user here: its `user_id` is theirs."""
     return caller.admin or caller.user_id == user_id
 
 
@@ -51,16 +52,16 @@ class HistoryApi:
             Route("/v1/admin/statements/{date}", self.statement, methods=["GET"]),
         ]
 
-    def reader(self, request: Request) -> str:
+    async def reader(self, request: Request) -> str:
         """The user whose record the request reads, if the caller may read it."""
-        caller = self.api.caller(request)
+        caller = await self.api.caller(request)
         user_id: str = request.path_params["user_id"]
         if not may_read_history(caller, user_id):
             raise Forbidden("a user's record can be read by the user or an admin")
         return user_id
 
     async def received(self, request: Request) -> Response:
-        user_id = self.reader(request)
+        user_id = await self.reader(request)
         year, limit = _year(request), _limit(request)
         position = _position(request, "r", int, int)
         after = None if position is None else Keyset(*position)
@@ -68,7 +69,7 @@ class HistoryApi:
         return JSONResponse(received_json(page))
 
     async def sent(self, request: Request) -> Response:
-        user_id = self.reader(request)
+        user_id = await self.reader(request)
         year, limit = _year(request), _limit(request)
         position = _position(request, "s", int, str)
         after = None if position is None else Keyset(*position)
@@ -76,7 +77,7 @@ class HistoryApi:
         return JSONResponse(sent_json(page))
 
     async def entries(self, request: Request) -> Response:
-        user_id = self.reader(request)
+        user_id = await self.reader(request)
         limit = _limit(request)
         kind = request.query_params.get("kind") or None
         position = _position(request, "e", int)
@@ -85,7 +86,7 @@ class HistoryApi:
         return JSONResponse(entries_json(page))
 
     async def statement(self, request: Request) -> Response:
-        caller = self.api.caller(request)
+        caller = await self.api.caller(request)
         if not caller.admin:
             raise Forbidden("only an admin may read the statements")
         day = parse_day(request.path_params["date"])

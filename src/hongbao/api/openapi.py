@@ -26,11 +26,12 @@ from hongbao.api.schemas import (
     Health,
     PacketOut,
     Problem,
+    RevokedOut,
     SendRequest,
+    TicketOut,
     WalletOut,
 )
-from hongbao.auth import USER_ID_PATTERN
-from hongbao.domain.ids import PACKET_ID_PATTERN
+from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
 from hongbao.history import DEFAULT_PAGE, MAX_PAGE, MAX_YEAR, MIN_YEAR
 from hongbao.ledger.schema import ENTRY_KINDS
 from hongbao.settings import Settings
@@ -49,13 +50,15 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (AdminStats, "serialization"),
     (DemoSignIn, "validation"),
     (DemoTokenOut, "serialization"),
+    (RevokedOut, "serialization"),
+    (TicketOut, "serialization"),
     *((model, "serialization") for model in HISTORY_MODELS),
 ]
 
 _ERRORS = {
     400: "the body is declared JSON but is not valid JSON (`malformed_json`)",
-    401: "missing, malformed, forged or expired bearer token (`unauthorized`)",
-    403: "not allowed for this caller (`forbidden`)",
+    401: "missing, malformed, forged, expired or revoked bearer token (`unauthorized`)",
+    403: "not allowed for this caller, or X-On-Behalf-Of without the service role (`forbidden`)",
     404: "no such packet (`packet_not_found`) or no such route (`not_found`)",
     409: "`insufficient_balance`, or `idempotency_conflict` (same key, other body)",
     410: "`packet_exhausted` or `packet_expired`",
@@ -112,6 +115,13 @@ def build_openapi(
         "description": "the `next_cursor` of the previous page",
         "schema": {"type": "string"},
     }
+    behalf = {
+        "name": "X-On-Behalf-Of",
+        "in": "header",
+        "required": False,
+        "description": "the user a service token (role hongbao:service) acts for",
+        "schema": {"type": "string", "pattern": USER_ID_PATTERN},
+    }
     paths: dict[str, Any] = {
         "/v1/wallets/{user_id}/deposits": {
             "post": _op(
@@ -128,7 +138,7 @@ def build_openapi(
             "get": _op(
                 "getWallet",
                 "A wallet's balance (its owner or an admin)",
-                [user],
+                [user, behalf],
                 None,
                 200,
                 "WalletOut",
@@ -139,47 +149,69 @@ def build_openapi(
             "post": _op(
                 "sendPacket",
                 "Send a red packet (debits the caller)",
-                [idempotency],
+                [idempotency, behalf],
                 _body("SendRequest"),
                 201,
                 "PacketOut",
-                [400, 401, 404, 409, 413, 415, 422, 429, 503],
+                [400, 401, 403, 404, 409, 413, 415, 422, 429, 503],
             )
         },
         "/v1/packets/{packet_id}": {
             "get": _op(
                 "getPacket",
                 "A packet and what is left in it",
-                [packet],
+                [packet, behalf],
                 None,
                 200,
                 "PacketOut",
-                [401, 404, 503],
+                [401, 403, 404, 422, 503],
             )
         },
         "/v1/packets/{packet_id}/grab": {
             "post": _op(
                 "grabPacket",
                 "Take one share; the same caller again gets the same share",
-                [packet],
+                [packet, behalf],
                 None,
                 200,
                 "GrabOut",
-                [401, 404, 410, 429, 503],
+                [401, 403, 404, 410, 422, 429, 503],
             )
         },
         "/v1/packets/{packet_id}/claims": {
             "get": _op(
                 "getClaims",
                 "Who got what, in grab order, a page at a time",
-                [packet, claims_limit, claims_cursor],
+                [packet, behalf, claims_limit, claims_cursor],
                 None,
                 200,
                 "ClaimsOut",
-                [401, 404, 422, 503],
+                [401, 403, 404, 422, 503],
             )
         },
         "/v1/packets/{packet_id}/events": {"get": _events(packet)},
+        "/v1/packets/{packet_id}/events/ticket": {
+            "post": _op(
+                "packetEventsTicket",
+                "A ticket for the packet's event stream (?ticket=), good for a minute",
+                [packet, behalf],
+                None,
+                200,
+                "TicketOut",
+                [401, 403, 404, 422, 503],
+            )
+        },
+        "/v1/admin/users/{user_id}/revoke-tokens": {
+            "post": _op(
+                "revokeTokens",
+                "Refuse every token of the user issued until now (admin only)",
+                [user],
+                None,
+                200,
+                "RevokedOut",
+                [401, 403, 422, 503],
+            )
+        },
         "/admin/stats": {
             "get": _op(
                 "adminStats",
@@ -244,8 +276,11 @@ def build_openapi(
             "version": hongbao.__version__,
             "description": (
                 "Red packets (红包). Amounts are integers in fen. Every /v1 call needs "
-                "`Authorization: Bearer <token>` (`hongbao token USER`). Errors are "
-                "application/problem+json with a machine-readable `code`."
+                "`Authorization: Bearer <token>`: a JWT (HS256 under hongbao's secret, as "
+                "`hongbao token USER` mints, or RS256 / ES256 / EdDSA under the host app's "
+                "keys). Roles: hongbao:admin, hongbao:service (acts for the user named in "
+                "X-On-Behalf-Of). Errors are application/problem+json with a "
+                "machine-readable `code`."
             ),
         },
         "paths": paths,
@@ -348,11 +383,14 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _events(packet: dict[str, Any]) -> dict[str, Any]:
-    token = {
-        "name": "token",
+    ticket = {
+        "name": "ticket",
         "in": "query",
         "required": False,
-        "description": "the bearer token, for clients that cannot set headers (EventSource)",
+        "description": (
+            "a ticket from POST .../events/ticket, for clients that cannot set headers "
+            "(EventSource); a bearer token is never put in the URL"
+        ),
         "schema": {"type": "string"},
     }
     data = {
@@ -383,7 +421,7 @@ def _events(packet: dict[str, Any]) -> dict[str, Any]:
     return {
         "operationId": "packetEvents",
         "summary": "Server-Sent Events: a `packet` event ({packet, claims}) now and on changes",
-        "parameters": [packet, token],
+        "parameters": [packet, ticket],
         "responses": {"200": stream, **_problems([401, 404, 503])},
     }
 

@@ -2,6 +2,9 @@
 
 Order of checks for a /v1 call: token (401), permission (403), path parameters,
 body size (413), content type and JSON syntax (415), body fields (422).
+
+A token with the hongbao:service role acts for the user named in X-On-Behalf-Of (see
+`hongbao.identity.gate.acting_for`); the ledger records the service as the actor.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from hongbao.api.schemas import (
     claims_json,
     claims_position,
     grab_json,
+    iso,
     packet_json,
     wallet_json,
 )
-from hongbao.auth import Principal, bearer_token, valid_user_id, verify_token
+from hongbao.domain.ids import valid_user_id
+from hongbao.domain.moments import from_ms
 from hongbao.errors import (
     AuthError,
     Forbidden,
@@ -42,10 +47,13 @@ from hongbao.errors import (
     RateLimited,
     StorageError,
 )
+from hongbao.identity.gate import Identity
+from hongbao.identity.principal import Principal
 from hongbao.metrics import CONTENT_TYPE, Metrics
 from hongbao.runtime import Runtime
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
+from hongbao.storage.redis import NO_EVICTION
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,9 +69,9 @@ PING_TIMEOUT = 2.0
 class Api:
     """The endpoints of one app; `runtime` is set by the app's lifespan."""
 
-    def __init__(self, settings: Settings, secret: bytes, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, identity: Identity, metrics: Metrics) -> None:
         self.settings = settings
-        self.secret = secret
+        self.identity = identity
         self.metrics = metrics
         self.runtime: Runtime | None = None
         self.openapi: bytes = b"{}"
@@ -84,6 +92,7 @@ class Api:
             Route("/v1/packets", self.send, methods=["POST"]),
             Route("/v1/packets/{packet_id}", self.packet, methods=["GET"]),
             Route("/v1/packets/{packet_id}/claims", self.claims, methods=["GET"]),
+            Route("/v1/admin/users/{user_id}/revoke-tokens", self.revoke_tokens, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/openapi.json", self.openapi_json, methods=["GET"]),
@@ -94,25 +103,36 @@ class Api:
 
     # -- /v1 ----------------------------------------------------------------------------------
 
-    def caller(self, request: Request) -> Principal:
-        return self.principal(request.headers.get("authorization"))
-
-    def principal(self, authorization: str | None) -> Principal:
-        """The caller named by an Authorization header value; AuthError if none is valid."""
-        return verify_token(self.secret, bearer_token(authorization))
+    async def caller(self, request: Request) -> Principal:
+        """The verified caller of a request (AuthError 401, Forbidden 403 if refused)."""
+        headers = request.headers
+        return await self.identity.authenticate(
+            headers.get("authorization"), headers.get("x-on-behalf-of")
+        )
 
     async def deposit(self, request: Request) -> Response:
-        caller = self.caller(request)
+        caller = await self.caller(request)
         if not caller.admin:
             raise Forbidden("only an admin may deposit")
         user_id = _user_id(request)
         key = _idempotency_key(request)
         body = await read_json(request, DepositRequest)
-        wallet = await self.service.deposit(user_id, body.amount, reference=key)
+        wallet = await self.service.deposit(
+            user_id, body.amount, reference=key, actor=caller.user_id
+        )
         return JSONResponse(wallet_json(wallet), status_code=201)
 
+    async def revoke_tokens(self, request: Request) -> Response:
+        """Refuse every token of a user issued until now, in every API process."""
+        caller = await self.caller(request)
+        if not caller.admin:
+            raise Forbidden("only an admin may revoke tokens")
+        user_id = _user_id(request)
+        until = await self.identity.revoke(user_id)
+        return JSONResponse({"user_id": user_id, "revoked_until": iso(from_ms(until * 1000))})
+
     async def wallet(self, request: Request) -> Response:
-        caller = self.caller(request)
+        caller = await self.caller(request)
         user_id: str = request.path_params["user_id"]
         if caller.user_id != user_id and not caller.admin:
             raise Forbidden("a wallet can be read by its owner or an admin")
@@ -120,8 +140,10 @@ class Api:
         return JSONResponse(wallet_json(wallet))
 
     async def send(self, request: Request) -> Response:
-        caller = self.caller(request)
-        await self.limit(_client_ip(request), "send", caller.user_id)
+        caller = await self.caller(request)
+        # a service's calls all come from its own address: only its users are limited
+        ip = _client_ip(request) if caller.actor is None else None
+        await self.limit(ip, "send", caller.user_id)
         key = _idempotency_key(request)
         body = await read_json(request, SendRequest)
         packet = await self.service.send(
@@ -132,11 +154,12 @@ class Api:
             body.greeting,
             body.expires_in if "expires_in" in body.model_fields_set else None,
             idempotency_key=key,
+            actor=caller.actor,
         )
         return JSONResponse(packet_json(packet), status_code=201)
 
     async def packet(self, request: Request) -> Response:
-        self.caller(request)
+        await self.caller(request)
         packet = await self.service.packet(request.path_params["packet_id"])
         return JSONResponse(packet_json(packet))
 
@@ -146,6 +169,7 @@ class Api:
             request.path_params["packet_id"],
             request.headers.get("authorization"),
             _client_ip(request),
+            request.headers.get("x-on-behalf-of"),
         )
         if isinstance(answer, Response):
             return answer
@@ -153,17 +177,23 @@ class Api:
         return Response(answer, media_type="application/json", headers=SECURITY_HEADER_TEXT)
 
     async def grab_answer(
-        self, packet_id: str, authorization: str | None, client_ip: str | None
+        self,
+        packet_id: str,
+        authorization: str | None,
+        client_ip: str | None,
+        on_behalf_of: str | None = None,
     ) -> bytes | Response:
-        """The hot path: one HMAC check and one Redis script; no SQL on success.
+        """The hot path: a token check (a cache lookup for a token seen before) and one
+        Redis script; no SQL on success.
 
         A grab's answer is the JSON body of its 200 response; a refusal, the whole
         problem response (the fast path writes a 200 without a Response object)."""
         started = time.perf_counter()
         try:
-            caller = self.principal(authorization)
-            await self.limit(client_ip, "grab", caller.user_id)
-            result = await self.service.grab(packet_id, caller.user_id)
+            caller = await self.identity.authenticate(authorization, on_behalf_of)
+            actor = caller.actor
+            await self.limit(client_ip if actor is None else None, "grab", caller.user_id)
+            result = await self.service.grab(packet_id, caller.user_id, actor)
         except HongbaoError as exc:
             self.metrics.grabs.record(_outcome(exc), time.perf_counter() - started)
             return error_response(exc)
@@ -172,7 +202,7 @@ class Api:
         return orjson.dumps(grab_json(result))
 
     async def claims(self, request: Request) -> Response:
-        self.caller(request)
+        await self.caller(request)
         limit = query_int(request, "limit", DEFAULT_CLAIMS_PAGE, 1, MAX_CLAIMS_PAGE)
         cursor = request.query_params.get("cursor")
         claims = await self.service.claims(
@@ -207,6 +237,13 @@ class Api:
                 "storage_unavailable",
                 f"unreachable: {', '.join(down)}",
                 headers={"Retry-After": "1"},
+            )
+        policy = await _eviction_policy(runtime.service)
+        if policy not in (None, NO_EVICTION) and not self.settings.allow_eviction:
+            return problem(
+                503,
+                "redis_may_evict",
+                f"redis maxmemory-policy is {policy}: it may drop packets; set {NO_EVICTION}",
             )
         if not runtime.workers_alive():
             return problem(503, "not_ready", "the persister or sweeper stopped unexpectedly")
@@ -340,7 +377,7 @@ def _outcome(exc: HongbaoError) -> str:
         return "expired"
     if isinstance(exc, PacketNotFound):
         return "not_found"
-    if isinstance(exc, AuthError):
+    if isinstance(exc, AuthError | Forbidden):
         return "unauthorized"
     if isinstance(exc, RateLimited):
         return "rate_limited"
@@ -354,6 +391,14 @@ async def _ping(check: Any) -> bool:
         return bool(await asyncio.wait_for(check, PING_TIMEOUT))
     except (TimeoutError, StorageError, OSError):
         return False
+
+
+async def _eviction_policy(service: Hongbao) -> str | None:
+    """Redis's maxmemory-policy now (it can be changed at run time); None if unknown."""
+    try:
+        return await asyncio.wait_for(service.store.eviction_policy(), PING_TIMEOUT)
+    except (TimeoutError, StorageError, OSError):
+        return None
 
 
 def _idempotency_key(request: Request) -> str | None:

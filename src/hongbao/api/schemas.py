@@ -13,8 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hongbao.auth import USER_ID_PATTERN
-from hongbao.domain.ids import PACKET_ID_PATTERN
+from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
 from hongbao.domain.models import ClaimPosition, ClaimsList, GrabResult, Packet, Wallet
 from hongbao.domain.text import GREETING_PATTERN, MAX_GREETING
 from hongbao.errors import InvalidRequest
@@ -116,6 +115,18 @@ class Problem(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "ready"]
+
+
+class RevokedOut(BaseModel):
+    user_id: UserId
+    revoked_until: str = Field(
+        description="the user's tokens issued at or before this moment are refused"
+    )
+
+
+class TicketOut(BaseModel):
+    ticket: str = Field(description="for ?ticket= on this packet's event stream")
+    expires_in: int = Field(ge=1, description="seconds the ticket may be used to connect")
 
 
 # -- the web app's JSON endpoints (hongbao.web) --------------------------------------------

@@ -9,13 +9,27 @@ import typer
 
 DEFAULT_DATA_DIR = Path("hongbao-data")
 
+
+def data_dir_path(value: str | Path) -> Path:
+    """A --data-dir: not empty (that would be the working directory, unsaid), and not a
+    file; it need not exist yet."""
+    if isinstance(value, Path):
+        return value  # the default
+    if not value.strip():
+        raise typer.BadParameter("must not be empty")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise typer.BadParameter(f"{value} exists and is not a directory")
+    return path
+
+
 DataDir = Annotated[
     Path,
     typer.Option(
         "--data-dir",
         envvar="HONGBAO_DATA_DIR",
         help="Folder for the embedded server's data, the SQLite ledger and the secret.",
-        file_okay=False,
+        parser=data_dir_path,
     ),
 ]
 RedisUrl = Annotated[
@@ -23,7 +37,8 @@ RedisUrl = Annotated[
     typer.Option(
         "--redis-url",
         envvar="HONGBAO_REDIS_URL",
-        help="redis://, rediss://, redis+sentinel://, redis+cluster:// (default: embedded).",
+        help="redis://, rediss://, unix://, redis+sentinel://, redis+cluster:// "
+        "(default: embedded).",
         show_default=False,
     ),
 ]
@@ -37,6 +52,15 @@ DatabaseUrl = Annotated[
     ),
 ]
 LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error.")]
+AllowEviction = Annotated[
+    bool,
+    typer.Option(
+        "--allow-eviction",
+        envvar="HONGBAO_ALLOW_EVICTION",
+        help="Run on a Redis whose maxmemory-policy may evict keys (it may drop packets), "
+        "with a warning, instead of refusing to start.",
+    ),
+]
 
 
 def safe_url(url: str) -> str:

@@ -8,16 +8,18 @@ import ipaddress
 import os
 import shutil
 import signal
+import socket
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hongbao.auth import secret_from_env_or_dir
 from hongbao.cli.options import (
     DEFAULT_DATA_DIR,
+    AllowEviction,
     DatabaseUrl,
     DataDir,
     LogLevel,
@@ -26,27 +28,49 @@ from hongbao.cli.options import (
 )
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 from hongbao.errors import ConfigurationError, InvalidRequest
-from hongbao.settings import Settings
+from hongbao.identity.config import IdentityConfig
+from hongbao.settings import ACK_MODES, Settings
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
-    from hongbao.serving.embedded import EmbeddedServer
+    from starlette.applications import Starlette
+
+    from hongbao.serving.supervisor import Supervisor
+
+
+#: variables that give every API host the same identity: without one of them a host
+#: would make a secret of its own, and tokens minted on one would fail on another
+SHARED_IDENTITY = ("HONGBAO_SECRET", "HONGBAO_JWT_JWKS_URL", "HONGBAO_JWT_PUBLIC_KEY_FILE")
 
 
 class _Stop(BaseException):
     """Raised by our SIGTERM/SIGINT handler outside uvicorn's own signal handling."""
 
 
-def _settings(
-    data_dir: Path, redis_url: str | None, database_url: str | None
-) -> tuple[Settings, EmbeddedServer | None]:
-    """Settings from flags/environment; starts the embedded server when no Redis URL is set."""
-    from hongbao.serving.embedded import embedded_settings, ledger_url
+def _settings(data_dir: Path, redis_url: str | None, database_url: str | None) -> Settings:
+    """Settings from flags and environment, every one checked (ConfigurationError, one
+    line); nothing is started or created. No Redis URL: the embedded server's."""
+    from hongbao.ledger.sql import database_url as full_database_url
+    from hongbao.serving.embedded import EMBEDDED_CONSUMER, EmbeddedServer, ledger_url, socket_url
+    from hongbao.storage import check_url
 
-    if not redis_url:
-        return embedded_settings(data_dir, database_url=database_url)
-    return Settings.from_env(
-        redis_url=redis_url, database_url=database_url or ledger_url(data_dir)
-    ), None
+    database = database_url or ledger_url(data_dir)
+    full_database_url(database)
+    if redis_url:
+        check_url(redis_url)
+        return Settings.from_env(redis_url=redis_url, database_url=database)
+    server = EmbeddedServer(data_dir)
+    server.check()
+    settings = Settings.from_env(redis_url=socket_url(server.socket_path), database_url=database)
+    # one serve per data folder: a fixed name lets its next run take over at once
+    return replace(settings, persister_consumer=settings.persister_consumer or EMBEDDED_CONSUMER)
+
+
+def _require_shared_identity() -> None:
+    if not any(os.environ.get(name, "").strip() for name in SHARED_IDENTITY):
+        raise ConfigurationError(
+            "with --redis-url every API host must verify the same tokens: set "
+            f"{' or '.join(SHARED_IDENTITY)} (a secret made in the data folder is this host's only)"
+        )
 
 
 async def _preflight(settings: Settings) -> None:
@@ -156,7 +180,8 @@ def serve(
         bool,
         typer.Option(
             "--persister/--no-persister",
-            help="Run the persister and expiry sweeper in this command (else: hongbao worker).",
+            help="Run the persister and expiry sweeper in this command (else: hongbao "
+            "worker; needs --redis-url).",
         ),
     ] = True,
     log_level: LogLevel = "info",
@@ -171,6 +196,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    allow_eviction: AllowEviction = False,
     demo: Annotated[
         bool,
         typer.Option(
@@ -212,9 +238,10 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Run the HTTP API (with no Redis URL: an embedded server and SQLite under --data-dir)."""
-    import uvicorn
+    """Run the HTTP API (with no Redis URL: an embedded server and SQLite under --data-dir).
 
+    Everything is checked before anything starts: the settings, the URLs, the data
+    folder, then the listening port; a problem is one line and exit code 2."""
     from hongbao.app import (
         ENV_DATA_DIR,
         ENV_DEMO,
@@ -222,7 +249,7 @@ def serve(
         ENV_METRICS_DIR,
         create_app,
     )
-    from hongbao.serving.workers import serve_workers, uvicorn_options, workers_folder
+    from hongbao.serving.workers import bind_listener, check_port_free, workers_folder
 
     if demo and not demo_public and not is_loopback(host):
         fail(
@@ -230,19 +257,35 @@ def serve(
             "add --demo-public if that is what you want"
         )
     proxies = parse_trusted_proxies(trusted_proxies)
-    metrics_address = None if metrics_port is None else (metrics_host or "127.0.0.1", metrics_port)
     if metrics_host is not None and metrics_port is None:
         fail("--metrics-host needs --metrics-port")
+    metrics_address = None if metrics_port is None else (metrics_host or "127.0.0.1", metrics_port)
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
     if ack is not None:
-        from hongbao.durability import ACK_MODES
-
         if ack.lower() not in ACK_MODES:
             fail(f"--ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
         os.environ["HONGBAO_ACK_MODE"] = ack.lower()  # read by Settings.from_env (and workers)
+    if allow_eviction:
+        os.environ["HONGBAO_ALLOW_EVICTION"] = "1"  # read by Settings.from_env (and workers)
+    if not persister and not redis_url:
+        fail(
+            "--no-persister needs --redis-url: on the embedded server this command's "
+            "persister is the one that moves grabs into the ledger"
+        )
     setup_logging(log_level)
     data_dir = data_dir.resolve()
+    embedded = not redis_url
+    with friendly_errors():
+        settings = _settings(data_dir, redis_url, database_url)
+        if not embedded:
+            _require_shared_identity()
+        # the port before anything starts: a busy port leaves no server or file behind
+        if workers == 1:
+            listener: socket.socket | None = bind_listener(host, port)
+        else:
+            check_port_free(host, port)
+            listener = None
     stop_requested: list[int] = []
 
     def note(sig: int, frame: FrameType | None) -> None:
@@ -252,15 +295,17 @@ def serve(
         raise _Stop
 
     previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
-    server: EmbeddedServer | None = None
+    supervisor: Supervisor | None = None
     background: BackgroundWorkers | None = None
     metrics_dir: Path | None = None
     try:
         with friendly_errors():
-            secret = secret_from_env_or_dir(os.environ.get("HONGBAO_SECRET"), data_dir)
-            settings, server = _settings(data_dir, redis_url, database_url)
+            if embedded or not database_url:  # the embedded server's or the ledger's folder
+                data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            identity = IdentityConfig.from_env(data_dir=data_dir)
+            if embedded:
+                supervisor = _start_embedded(data_dir, settings)
         _check_connect(settings)
-        embedded = server is not None
         for s in previous:
             signal.signal(s, stop_now)
         if stop_requested:
@@ -278,18 +323,15 @@ def serve(
         )
         if demo:
             err.print(DEMO_BANNER, style="bold yellow", soft_wrap=True)
-        options = uvicorn_options(host, port, log_level.lower(), access_log, proxies)
-        if workers == 1:
-            uvicorn.run(
-                create_app(
-                    settings,
-                    secret,
-                    run_workers=persister,
-                    demo_mode=demo,
-                    metrics_address=metrics_address,
-                ),
-                **options,
+        if listener is not None:
+            app = create_app(
+                settings,
+                identity,
+                run_workers=persister,
+                demo_mode=demo,
+                metrics_address=metrics_address,
             )
+            _run_uvicorn(app, listener, host, port, log_level.lower(), access_log, proxies)
         else:
             metrics_dir = workers_folder(data_dir)
             os.environ.update(
@@ -307,30 +349,78 @@ def serve(
             if persister:
                 background = BackgroundWorkers(settings)
                 background.start()
-            try:
-                code = serve_workers(
-                    "hongbao.app:app_from_env", workers, {**options, "factory": True}
-                )
-            except OSError as exc:
-                fail(str(exc.strerror or exc))
-            if code:
-                fail("a worker could not start (see its log above)", code)
+            _run_workers(host, port, log_level.lower(), access_log, proxies, workers)
     except _Stop:
         pass
     finally:
         for s in previous:
             signal.signal(s, signal.SIG_IGN)  # a second ^C must not interrupt the cleanup
         try:
+            if listener is not None:
+                listener.close()
             if background is not None:
                 background.stop()
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
         finally:
-            if server is not None:
-                server.stop()
+            if supervisor is not None:
+                supervisor.stop()
                 err.print("embedded server stopped", style="dim")
             for s, handler in previous.items():
                 signal.signal(s, handler)
+    if supervisor is not None and supervisor.gave_up:
+        fail("the embedded Redis server could not be kept running (see the log above)", 1)
+
+
+def _start_embedded(data_dir: Path, settings: Settings) -> Supervisor:
+    """Start the embedded server and the thread that restarts it when it dies; if that
+    fails for good, this process is asked to stop (SIGTERM) and serve exits 1."""
+    from hongbao.serving.embedded import EmbeddedServer
+    from hongbao.serving.supervisor import Supervisor, recover_from_ledger
+
+    server = EmbeddedServer(data_dir)
+    server.start()  # from this thread, which lives as long as serve (see embedded.py)
+    supervisor = Supervisor(
+        server,
+        on_give_up=lambda: os.kill(os.getpid(), signal.SIGTERM),
+        prepare=recover_from_ledger(settings),
+    )
+    supervisor.start()
+    return supervisor
+
+
+def _run_uvicorn(
+    app: Starlette,
+    listener: socket.socket,
+    host: str,
+    port: int,
+    level: str,
+    access_log: bool,
+    proxies: list[str],
+) -> None:
+    """One API process: uvicorn on the socket bound at the start."""
+    import uvicorn
+
+    from hongbao.serving.workers import uvicorn_options
+
+    options = uvicorn_options(host, port, level, access_log, proxies)
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    server.run(sockets=[listener])
+    if not server.started:
+        fail("the API could not start (see the log above)", 1)
+
+
+def _run_workers(
+    host: str, port: int, level: str, access_log: bool, proxies: list[str], workers: int
+) -> None:
+    """N API processes, each with the app built from the environment set above."""
+    from hongbao.serving.workers import serve_workers, uvicorn_options
+
+    options = {**uvicorn_options(host, port, level, access_log, proxies), "factory": True}
+    with friendly_errors():
+        code = serve_workers("hongbao.app:app_from_env", workers, options)
+    if code:
+        fail("a worker could not start (see its log above)", code)
 
 
 # -- worker -----------------------------------------------------------------------------------
@@ -341,20 +431,44 @@ def worker(
     database_url: DatabaseUrl = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     log_level: LogLevel = "info",
+    consumer_name: Annotated[
+        str | None,
+        typer.Option(
+            "--consumer-name",
+            envvar="HONGBAO_PERSISTER_CONSUMER",
+            help="The persister's name in the event streams' consumer group; keep it across "
+            "restarts to take over what the last run left pending at once "
+            "(default: <hostname>-<pid>).",
+            show_default=False,
+        ),
+    ] = None,
+    allow_eviction: AllowEviction = False,
 ) -> None:
-    """Run the persister and the expiry sweeper only (no HTTP)."""
-    if not redis_url:
-        fail(
-            "hongbao worker needs --redis-url or HONGBAO_REDIS_URL "
-            "(the embedded default runs its workers inside hongbao serve)"
-        )
+    """Run the persister and the expiry sweeper only (no HTTP).
+
+    With no Redis URL it joins the embedded server of the `hongbao serve` running on
+    --data-dir."""
     from hongbao.runtime import running_service
-    from hongbao.serving.embedded import ledger_url
+    from hongbao.serving.embedded import EmbeddedServer, ledger_url
 
     setup_logging(log_level)
-    settings = Settings.from_env(
-        redis_url=redis_url, database_url=database_url or ledger_url(data_dir)
-    )
+    data_dir = data_dir.resolve()
+    if not redis_url:
+        redis_url = EmbeddedServer(data_dir).url_if_running()
+        if redis_url is None:
+            fail(
+                f"no hongbao serve runs on {data_dir}: start it first, or give "
+                "--redis-url / HONGBAO_REDIS_URL"
+            )
+    with friendly_errors():
+        settings = Settings.from_env(
+            redis_url=redis_url,
+            database_url=database_url or ledger_url(data_dir),
+            persister_consumer=consumer_name,
+            allow_eviction=allow_eviction or None,
+        )
+        if not database_url:
+            data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     async def run() -> bool:
         """True on a requested stop, False if the persister or sweeper died."""

@@ -10,17 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hongbao.auth import (
-    DEFAULT_TTL,
-    SECRET_FILE,
-    issue_tokens,
-    load_or_create_secret,
-    secret_from_env_or_dir,
-    valid_user_id,
-)
 from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, RedisUrl, safe_url
 from hongbao.console import err, fail, friendly_errors, run_async
+from hongbao.domain.ids import valid_user_id
 from hongbao.errors import HongbaoError
+from hongbao.identity.config import SECRET_FILE, load_or_create_secret, secret_from_env_or_dir
+from hongbao.identity.principal import DEFAULT_TTL, MAX_ADMIN_TTL
+
+#: the longest token lifetime `hongbao token` issues: ten years, seconds
+MAX_TTL = 315_360_000
 
 if TYPE_CHECKING:
     from hongbao.settings import Settings
@@ -135,16 +133,35 @@ def token(
             help="User ids (1-64 of A-Z a-z 0-9 _ . : @ -); '-' reads them from stdin.",
         ),
     ],
-    admin: Annotated[bool, typer.Option("--admin", help="Admin tokens (deposits).")] = False,
-    ttl: Annotated[int, typer.Option(min=1, help="Seconds until the tokens expire.")] = DEFAULT_TTL,
+    admin: Annotated[
+        bool,
+        typer.Option("--admin", help="Admin tokens (deposits, any wallet, the dashboard)."),
+    ] = False,
+    service: Annotated[
+        bool,
+        typer.Option(
+            "--service",
+            help="Service tokens: the host app's backend, acting for users (X-On-Behalf-Of).",
+        ),
+    ] = False,
+    ttl: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_TTL,
+            help=f"Seconds until the tokens expire (admin: {MAX_ADMIN_TTL} at most).",
+        ),
+    ] = DEFAULT_TTL,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
-    """Print a bearer token per user, one per line, in the order given."""
+    """Print a bearer token (an HS256 JWT) per user, one per line, in the order given."""
     if "-" in users:
         users = [u for arg in users for u in (sys.stdin.read().split() if arg == "-" else [arg])]
     bad = next((u for u in users if not valid_user_id(u)), None)
     if bad is not None:
         fail(f"invalid user id {bad!r}: use 1-64 characters of letters, digits and _ . : @ -")
+    if admin and ttl > MAX_ADMIN_TTL:
+        fail(f"--ttl {ttl}: an admin token lives at most {MAX_ADMIN_TTL} seconds (24 h)")
     env_secret = os.environ.get("HONGBAO_SECRET")
     with friendly_errors():
         if env_secret is not None and env_secret.strip():
@@ -156,7 +173,9 @@ def token(
                 f"no secret: {data_dir / SECRET_FILE} does not exist. Start `hongbao serve "
                 f"--data-dir {data_dir}` once, or set HONGBAO_SECRET."
             )
-        tokens = issue_tokens(secret, users, admin=admin, ttl=ttl)
+        from hongbao.identity.mint import mint_tokens  # PyJWT, only when minting
+
+        tokens = mint_tokens(secret, users, admin=admin, service=service, ttl=ttl)
     sys.stdout.write("\n".join(tokens) + "\n")
     sys.stdout.flush()
 

@@ -75,11 +75,8 @@ class Packet:
 
 
 class GrabResult(NamedTuple):
-    """One user's share of a packet, as a grab answers it.
-
-    A NamedTuple: immutable, and built once per grab on the hot path, where
-    `tuple.__new__(GrabResult, fields)` costs a fraction of a dataclass's __init__.
-    """
+    """One user's share of a packet, as a grab answers it (a NamedTuple: immutable, and
+    cheaper to build than a dataclass, once a grab)."""
 
     packet_id: str
     user_id: str

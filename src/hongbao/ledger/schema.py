@@ -56,6 +56,9 @@ entries = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     #: a deposit's idempotency key, unique per user; NULL for other kinds
     sa.Column("deposit_key", IdempotencyKey, nullable=True),
+    #: who acted for the user: an admin's deposit, a service's send or grab (the ``sub``
+    #: of their token); NULL when users act for themselves
+    sa.Column("actor", UserId, nullable=True),
     sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
     sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
     #: a wallet's entries newest first, and (covering) the sum of those after one

@@ -33,6 +33,7 @@ from hongbao.errors import (
 )
 from hongbao.ledger.apply import ApplyBatch
 from hongbao.ledger.audit import audit_ledger
+from hongbao.ledger.bulk import bulk_for
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
     ClaimEvent,
@@ -41,8 +42,6 @@ from hongbao.ledger.records import (
     PacketRecord,
     RefundEvent,
     chunks,
-    credit,
-    ensure_wallets,
     entry_row,
     from_db,
     packet_from_row,
@@ -148,10 +147,13 @@ class SqlLedger:
 
     # -- wallets ---------------------------------------------------------------
 
-    async def deposit(self, user_id: str, amount: int, reference: str) -> int:
+    async def deposit(
+        self, user_id: str, amount: int, reference: str, actor: str | None = None
+    ) -> int:
         """Credit a wallet once per (user, reference); returns the balance after.
 
-        The same reference with another amount is an IdempotencyConflict.
+        The same reference with another amount is an IdempotencyConflict. `actor`, who
+        made the deposit for the user (an admin), is recorded on the entry.
         """
         if not 1 <= len(reference) <= IDEMPOTENCY_KEY_LENGTH:
             raise InvalidRequest(
@@ -169,10 +171,10 @@ class SqlLedger:
                     "this deposit reference was used before with a different amount"
                 )
             if seen is None:
-                await ensure_wallets(conn, [user_id])
-                await credit(conn, {user_id: amount})
+                await bulk_for(conn).credit([user_id], [amount], utcnow())
                 ref = deposit_reference(user_id, reference)
-                row = entry_row(ref, user_id, "deposit", amount) | {"deposit_key": reference}
+                row = entry_row(ref, user_id, "deposit", amount, actor=actor)
+                row["deposit_key"] = reference
                 await conn.execute(entries.insert(), [row])
             return int(await conn.scalar(_balance_query(user_id)) or 0)
 
@@ -185,12 +187,17 @@ class SqlLedger:
     # -- packets ---------------------------------------------------------------
 
     async def create_packet(
-        self, record: PacketRecord, amounts: Sequence[int], idempotency_key: str | None
+        self,
+        record: PacketRecord,
+        amounts: Sequence[int],
+        idempotency_key: str | None,
+        actor: str | None = None,
     ) -> tuple[PacketRecord, bool]:
         """Debit the sender and write the packet and its shares, in one transaction.
 
         With an idempotency key already used by this sender, nothing changes and the
-        earlier packet is returned (created=False), unless the request differs.
+        earlier packet is returned (created=False), unless the request differs. `actor`,
+        who sent for the sender (a service), is recorded on the debit's entry.
         """
 
         async def work(conn: AsyncConnection) -> tuple[PacketRecord, bool]:
@@ -230,6 +237,7 @@ class SqlLedger:
                         "send",
                         -record.total_amount,
                         record.id,
+                        actor=actor,
                     )
                 ],
             )

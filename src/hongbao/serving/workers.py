@@ -17,7 +17,7 @@ uvicorn's supervisor runs instead.
 
 from __future__ import annotations
 
-import ctypes
+import errno
 import logging
 import multiprocessing
 import os
@@ -36,7 +36,8 @@ from typing import Any, cast
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-from hongbao.serving.embedded import process_alive
+from hongbao.errors import ConfigurationError
+from hongbao.serving.embedded import parent_death_signal, process_alive
 
 log = logging.getLogger("hongbao.workers")
 
@@ -100,12 +101,12 @@ def reuse_port_available() -> bool:
 def serve_workers(app: str, workers: int, options: dict[str, Any]) -> int:
     """Run `app` (an import string) in `workers` processes until SIGINT or SIGTERM;
     uvicorn `options` as for `uvicorn.run`. Returns an exit code (uvicorn's
-    STARTUP_FAILURE when a worker could not start); OSError if the port is taken."""
+    STARTUP_FAILURE when a worker could not start); ConfigurationError if the port is
+    taken."""
     if not reuse_port_available():
         uvicorn.run(app, workers=workers, **options)
         return 0
-    host, port = options["host"], options["port"]
-    _check_port_free(host, port)
+    check_port_free(options["host"], options["port"])
     context = multiprocessing.get_context("spawn")
     stopping: list[int] = []
 
@@ -150,44 +151,64 @@ def serve_workers(app: str, workers: int, options: dict[str, Any]) -> int:
     return code
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """OSError when the port is taken, as uvicorn's own bind: a plain bind, without
-    SO_REUSEPORT (which would let a second server share the port of a first)."""
-    with socket.socket(_family(host)) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+def bind_listener(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to host:port (uvicorn listens on it), as uvicorn binds one: the
+    family by the host's form, SO_REUSEADDR. ConfigurationError, one line, when the host
+    does not resolve or the port cannot be had. Without `reuse_port` a second server
+    cannot share the port of a first."""
+    family = _family(host)
+    try:
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+    except (socket.gaierror, UnicodeError):
+        raise ConfigurationError(f"cannot resolve host {host}") from None
+    sock = socket.socket(family)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {_why(exc, port)}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _why(exc: OSError, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} is in use"
+    if exc.errno == errno.EACCES:
+        return f"port {port} needs privileges this process lacks"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "no network interface of this machine has that address"
+    return exc.strerror or str(exc)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ConfigurationError when host:port cannot be listened on (see `bind_listener`)."""
+    bind_listener(host, port).close()
 
 
 def _worker(app: str, options: dict[str, Any], supervisor: int) -> None:
     """One worker process: its own listening socket, then uvicorn's server on it."""
     _stop_with(supervisor)
     config = uvicorn.Config(app, **options)  # sets up uvicorn's logging too
-    sock = socket.socket(_family(config.host))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((config.host, config.port))
+    sock = bind_listener(config.host, config.port, reuse_port=True)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)
 
 
-#: prctl option: the signal this process gets when its parent dies (linux/prctl.h)
-_PR_SET_PDEATHSIG = 1
-
-
 def _stop_with(supervisor: int) -> None:
     """Have Linux send this worker SIGTERM (uvicorn's graceful stop) when the supervisor
     dies, however it dies; exit now if it already has."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+    errno = parent_death_signal(signal.SIGTERM)
+    if errno:
         log.warning(
             "worker %s will outlive a killed supervisor: prctl failed (errno %s)",
             os.getpid(),
-            ctypes.get_errno(),
+            errno,
         )
     if os.getppid() != supervisor:  # it died before the request above took effect
         sys.exit(0)

@@ -4,23 +4,33 @@ The Lua scripts write the same forms; their headers name them:
 
 - a **share** in a packet's shares list is one integer, ``index * 2^32 + amount``;
 - a **claim** in a packet's claims hash is the text ``"seq:amount:claimed_at_ms"``;
+- a **grabber** sent to grab.lua is a user id, or ``"user=actor"`` when a service
+  (the actor) grabs for the user (user ids hold no ``=`` and no space);
 - an entry of a bucket's event stream is either **grants** ``{k=g, p=packet,
-  c="user seq:amount:claimed_at_ms" lines}`` (the grants of one packet in one script
-  call) or a **refund** ``{k=r, p=packet, s=sender, a=amount, n=shares left,
-  t=closed_at_ms}`` (a closed packet's remainder going back to its sender).
+  c="user seq:amount:claimed_at_ms[ actor]" lines}`` (the grants of one packet in one
+  script call; the actor only on grants made for a user by a service) or a
+  **refund** ``{k=r, p=packet, s=sender, a=amount, n=shares left, t=closed_at_ms}``
+  (a closed packet's remainder going back to its sender).
 
 The persister, the audit and recovery decode entries with `decode_entry`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hongbao.domain.models import index_of, seq_of
 
 #: a share travels as index * SHARE_PACK + amount (amounts stay below 2^32 fen)
 SHARE_PACK = 1 << 32
+#: between a user and the actor grabbing for them, in a grabber
+ACTOR_MARK = "="
+
+
+def grabber(user_id: str, actor: str | None) -> str:
+    """What grab.lua is sent for one grab: the user id, with ``=actor`` when there is one."""
+    return user_id if actor is None else f"{user_id}{ACTOR_MARK}{actor}"
 
 
 def pack_share(index: int, amount: int) -> int:
@@ -63,6 +73,8 @@ class Grants:
 
     packet_id: str
     claims: list[tuple[str, ClaimValue]]
+    #: user -> the actor who grabbed for them, for the grants that name one
+    actors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +91,22 @@ class Refund:
 StreamEntry = Grants | Refund
 
 
+def _grants(packet_id: str, text: str) -> Grants:
+    """A grants entry's lines: ``user claim``, or ``user claim actor``."""
+    lines = [line.split(" ") for line in text.split("\n")]
+    claims: list[tuple[str, ClaimValue]] = []
+    actors: dict[str, str] = {}
+    for parts in lines:
+        if len(parts) == 2:
+            claims.append((parts[0], ClaimValue.parse(parts[1])))
+        elif len(parts) == 3 and parts[2]:
+            claims.append((parts[0], ClaimValue.parse(parts[1])))
+            actors[parts[0]] = parts[2]
+        else:
+            raise ValueError(f"grant lines {text!r} are not 'user claim [actor]'")
+    return Grants(packet_id, claims, actors)
+
+
 def decode_entry(fields: dict[str, str]) -> StreamEntry:
     """The grants or refund of a stream entry's fields; ValueError says why it is malformed.
 
@@ -88,10 +116,7 @@ def decode_entry(fields: dict[str, str]) -> StreamEntry:
     try:
         kind = fields["k"]
         if kind == "g":
-            pairs = [line.split(" ") for line in fields["c"].split("\n")]
-            if any(len(pair) != 2 for pair in pairs):
-                raise ValueError(f"grant lines {fields['c']!r} are not 'user claim'")
-            grants = Grants(fields["p"], [(u, ClaimValue.parse(c)) for u, c in pairs])
+            grants = _grants(fields["p"], fields["c"])
         elif kind == "c":
             grants = Grants(fields["p"], [(fields["u"], ClaimValue.parse(fields["c"]))])
         elif kind == "r":

@@ -4,6 +4,7 @@ by SHA; the store is the only code that talks to Redis."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -15,19 +16,23 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hongbao.domain.models import GrabStatus
-from hongbao.errors import StorageError
+from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import (
     PERSISTER_GROUP,
+    REVOKED_KEY,
+    REVOKED_VERSION_KEY,
     PacketKeys,
     bucket_of_key,
     dead_letter_key,
     events_key,
     resolved_key,
 )
-from hongbao.storage.codec import ClaimValue, pack_share, unpack_share
+from hongbao.storage.codec import ClaimValue, grabber, pack_share, unpack_share
 from hongbao.storage.connections import KeptConnections
 
 RedisClient = aioredis.Redis | RedisCluster
+
+log = logging.getLogger("hongbao.storage")
 
 #: GrabStatus by script return code, without an Enum call per grab
 _STATUSES = tuple(GrabStatus)
@@ -36,6 +41,9 @@ UNREADABLE = 5
 
 #: the oldest Redis the scripts run on (grab.lua pops with LPOP key count)
 MIN_SERVER = (6, 2)
+#: the one maxmemory-policy under which Redis never drops a key to free memory (a write
+#: that would need more memory fails instead, and the grab answers 503)
+NO_EVICTION = "noeviction"
 
 #: entries read per XRANGE page when walking a stream
 _PAGE = 1_000
@@ -112,9 +120,12 @@ class RedisStore:
 
     cluster: ClassVar[bool] = False
 
-    def __init__(self, client: RedisClient, buckets: int) -> None:
+    def __init__(self, client: RedisClient, buckets: int, *, allow_eviction: bool = False) -> None:
         self.client = client
         self.buckets = buckets
+        #: run on a server that may evict keys, with a warning (see `check_server`)
+        self.allow_eviction = allow_eviction
+        self._warned_eviction = False
         #: script calls skip redis-py's pool (see hongbao.storage.connections)
         self._kept = (
             KeptConnections(client.connection_pool) if isinstance(client, aioredis.Redis) else None
@@ -129,6 +140,8 @@ class RedisStore:
         self.lua_dead_letter = self._script("dead_letter")
         self.lua_move_dead_letter = self._script("move_dead_letter")
         self.lua_rate_limit = self._script("rate_limit")
+        self.lua_revoke = self._script("revoke")
+        self.lua_revocations = self._script("revocations")
 
     def _script(self, name: str) -> AsyncScript:
         return self.client.register_script(read_lua(name))
@@ -148,16 +161,43 @@ class RedisStore:
             return False
 
     async def check_server(self) -> None:
-        """Refuse a server too old for the scripts, with a clear error, at startup."""
-        info = await self._call(self.client.info("server"))
-        # one server's dict ({...}); a client asking several nodes gives {node: {...}}
-        for node in info.values() if "redis_version" not in info else [info]:
+        """At startup, refuse a server too old for the scripts (StorageError), and one
+        whose maxmemory-policy may evict keys (ConfigurationError): an evicted packet
+        loses its shares and claims. `allow_eviction` turns the refusal into a warning."""
+        for node in await self._infos("server"):
             version = str(node.get("redis_version", ""))
             if too_old(version):
                 raise StorageError(
                     f"redis {version} is too old: hongbao needs Redis >= "
                     f"{'.'.join(map(str, MIN_SERVER))} or Valkey (LPOP with a count)"
                 )
+        policy = await self.eviction_policy()
+        if policy == NO_EVICTION:
+            return
+        message = (
+            f"redis maxmemory-policy is {policy}: under memory pressure it may drop a "
+            f"packet's keys; set maxmemory-policy {NO_EVICTION}"
+        )
+        if not self.allow_eviction:
+            raise ConfigurationError(
+                f"{message} (or accept the risk: --allow-eviction, HONGBAO_ALLOW_EVICTION=1)"
+            )
+        if not self._warned_eviction:
+            log.warning("%s; running anyway (allow_eviction): money can be lost", message.upper())
+            self._warned_eviction = True
+
+    async def eviction_policy(self) -> str:
+        """The server's maxmemory-policy; on a cluster the first node's that is not
+        noeviction (``unknown`` when a server does not say)."""
+        policies = [
+            str(node.get("maxmemory_policy", "unknown")) for node in await self._infos("memory")
+        ]
+        return next((p for p in policies if p != NO_EVICTION), NO_EVICTION)
+
+    async def _infos(self, section: str) -> list[dict[str, Any]]:
+        """INFO `section` of the server (of every node of a cluster)."""
+        info = await self._call(self.client.info(section))
+        return [info]
 
     # -- packets -------------------------------------------------------------
 
@@ -179,9 +219,10 @@ class RedisStore:
         loaded = await self._run(self.lua_load, [keys.meta, keys.shares, keys.claims], args)
         return bool(loaded)
 
-    async def grab(self, keys: PacketKeys, user_id: str) -> Answer:
-        """One grab, on its own script call (the service's grabs go through the coalescer)."""
-        (answer,) = await self.grab_batch([(keys, [user_id])])
+    async def grab(self, keys: PacketKeys, user_id: str, actor: str | None = None) -> Answer:
+        """One grab, on its own script call (the service's grabs go through the coalescer);
+        `actor` grabs for the user (recorded with the grant)."""
+        (answer,) = await self.grab_batch([(keys, [grabber(user_id, actor)])])
         if isinstance(answer, StorageError):
             raise answer
         return answer
@@ -189,9 +230,10 @@ class RedisStore:
     async def grab_batch(
         self, groups: Sequence[tuple[PacketKeys, Sequence[str]]]
     ) -> list[Answer | StorageError]:
-        """Grabs of (packet, users in order) groups in one call of grab.lua; answers in the
-        order of the groups and of the users in each (user ids hold no spaces). On a
-        cluster, one bucket only. A packet whose data Redis cannot read answers its own
+        """Grabs of (packet, grabbers in order) groups in one call of grab.lua; answers in
+        the order of the groups and of the grabbers in each. A grabber is a user id, or
+        `codec.grabber` of a user and the actor grabbing for them. On a cluster, one
+        bucket only. A packet whose data Redis cannot read answers its own
         grabs with a StorageError."""
         bucket = groups[0][0].bucket
         keys: list[str] = []
@@ -266,6 +308,31 @@ class RedisStore:
         """Delete a packet's keys (tests and recovery drills)."""
         await self._call(self.client.delete(keys.meta, keys.shares, keys.claims))
 
+    # -- token revocations ---------------------------------------------------------
+
+    async def revoke_tokens(self, user_id: str, issued_until: int) -> int:
+        """Revoke `user_id`'s tokens issued at or before `issued_until` (unix seconds);
+        the new version of the revocations."""
+        return int(
+            await self._run(
+                self.lua_revoke, [REVOKED_KEY, REVOKED_VERSION_KEY], [user_id, issued_until]
+            )
+        )
+
+    async def revocations_version(self) -> int | None:
+        """The revocations' version: changes on every revocation; None when Redis holds none."""
+        version = await self._call(self.client.get(REVOKED_VERSION_KEY))
+        return None if version is None else int(version)
+
+    async def revocations(self) -> tuple[int | None, dict[str, int]]:
+        """(version, user id -> unix seconds), read atomically."""
+        version, *flat = await self._run(
+            self.lua_revocations, [REVOKED_KEY, REVOKED_VERSION_KEY], []
+        )
+        pairs = iter(flat)
+        table = {str(user): int(at) for user, at in zip(pairs, pairs, strict=True)}
+        return (None if version is None else int(version)), table
+
     # -- rate limits -------------------------------------------------------------
 
     async def take_tokens(self, key: str, rate: float, burst: int, cost: int) -> tuple[bool, int]:
@@ -327,11 +394,20 @@ class RedisStore:
                 if len(rows) < _PAGE:
                     break
 
-    async def pending(self, bucket: int, idle_ms: int, count: int) -> list[Pending]:
-        """Entries delivered at least `idle_ms` ago and not acknowledged."""
+    async def pending(
+        self, bucket: int, idle_ms: int, count: int, consumer: str | None = None
+    ) -> list[Pending]:
+        """Entries delivered at least `idle_ms` ago and not acknowledged (to `consumer`
+        only, when given)."""
         rows = await self._call(
             self.client.xpending_range(
-                events_key(bucket), PERSISTER_GROUP, "-", "+", count, idle=idle_ms
+                events_key(bucket),
+                PERSISTER_GROUP,
+                "-",
+                "+",
+                count,
+                consumername=consumer,
+                idle=idle_ms,
             )
         )
         return [
@@ -343,6 +419,11 @@ class RedisStore:
             )
             for r in rows
         ]
+
+    async def pending_consumers(self, bucket: int) -> dict[str, int]:
+        """The consumers holding unacknowledged entries of a bucket stream, with how many."""
+        summary = await self._call(self.client.xpending(events_key(bucket), PERSISTER_GROUP))
+        return {str(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
 
     async def claim_entries(
         self, bucket: int, consumer: str, idle_ms: int, ids: Sequence[str]

@@ -39,8 +39,15 @@ class RedisClusterStore(RedisStore):
 
     cluster: ClassVar[bool] = True
 
-    def __init__(self, client: RedisClient, buckets: int, max_connections: int = 64) -> None:
-        super().__init__(client, buckets)
+    def __init__(
+        self,
+        client: RedisClient,
+        buckets: int,
+        max_connections: int = 64,
+        *,
+        allow_eviction: bool = False,
+    ) -> None:
+        super().__init__(client, buckets, allow_eviction=allow_eviction)
         self._gate = asyncio.Semaphore(max_connections)
         self._init_lock = asyncio.Lock()
         #: NOSCRIPT answers seen (scripts sent again with EVAL), for tests and metrics
@@ -122,6 +129,14 @@ class RedisClusterStore(RedisStore):
             return commands[1].result
 
         return await self._call(run())
+
+    async def _infos(self, section: str) -> list[dict[str, Any]]:
+        """INFO `section` of every node the client knows (the primaries)."""
+        info = await self._call(self.client.info(section, target_nodes=RedisCluster.ALL_NODES))
+        # several nodes answer {node name: their INFO}; a cluster of one, its INFO
+        if all(isinstance(v, dict) for v in info.values()):
+            return list(info.values())
+        return [info]
 
     async def _evalsha(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """On NOSCRIPT, EVAL on that node only (see the module's docstring)."""

@@ -7,8 +7,10 @@
 - ``GET /v1/packets/{id}/events``: Server-Sent Events (``text/event-stream``). Each
   ``packet`` event carries ``{"packet": ..., "claims": ...}`` (the bodies of
   ``GET /v1/packets/{id}`` and ``.../claims``), sent on connect and whenever the
-  packet changes. A browser's EventSource cannot set headers, so the token may be
-  given as ``?token=...`` instead of ``Authorization: Bearer``. One shared poller per
+  packet changes. A browser's EventSource cannot set headers, so the stream takes
+  ``?ticket=...``: a ticket from ``POST /v1/packets/{id}/events/ticket`` (bearer
+  token), good for that packet for a minute (`hongbao.identity.tickets`); a bearer
+  token never goes into a URL (``?token=`` is refused). One shared poller per
   packet (per process) reads the packet's live status from Redis every 0.5 s, and
   the full state only when it changed, however many pages watch it. A stream ends
   after `STREAM_SECONDS`; the browser reconnects by itself (``retry:`` is sent).
@@ -51,8 +53,8 @@ from hongbao.api.errors import ApiError
 from hongbao.api.routes import DEFAULT_CLAIMS_PAGE, Api, read_json
 from hongbao.api.schemas import DemoSignIn, claims_json, iso, packet_json
 from hongbao.audit import audit
-from hongbao.auth import Principal, bearer_token, issue_token, verify_token
-from hongbao.errors import Forbidden, HongbaoError
+from hongbao.errors import AuthError, Forbidden, HongbaoError
+from hongbao.identity.principal import Principal
 from hongbao.ratelimit import Limit
 
 log = logging.getLogger("hongbao.web")
@@ -222,6 +224,7 @@ class WebApp:
             Route("/admin", self.page, methods=["GET"]),
             Route("/admin/stats", self.admin_stats, methods=["GET"]),
             Route("/v1/packets/{packet_id}/events", self.events, methods=["GET"]),
+            Route("/v1/packets/{packet_id}/events/ticket", self.events_ticket, methods=["POST"]),
             Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
         ]
         if self.demo_mode:
@@ -287,22 +290,40 @@ class WebApp:
         wallet = await self.api.service.deposit(
             user_id, DEMO_DEPOSIT, reference=f"demo-signin:{body.name}"
         )
-        token = issue_token(self.api.secret, user_id, ttl=DEMO_TOKEN_TTL)
+        token = self.api.identity.mint(user_id, ttl=DEMO_TOKEN_TTL)
         return JSONResponse(
             {"token": token, "user_id": user_id, "balance": wallet.balance}, status_code=201
         )
 
     # -- live events ----------------------------------------------------------------------
 
-    def _caller(self, request: Request) -> Principal:
-        query_token = request.query_params.get("token")
-        if query_token:
-            return verify_token(self.api.secret, query_token)
-        return verify_token(self.api.secret, bearer_token(request.headers.get("authorization")))
+    async def events_ticket(self, request: Request) -> Response:
+        """A ticket for this packet's event stream, for any caller who may read it."""
+        caller = await self.api.caller(request)
+        packet_id: str = request.path_params["packet_id"]
+        await self.api.service.packet(packet_id)  # 404 for no such packet
+        tickets = self.api.identity.tickets
+        return JSONResponse(
+            {"ticket": tickets.mint(caller, packet_id), "expires_in": tickets.ttl},
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _stream_caller(self, request: Request, packet_id: str) -> Principal:
+        """The caller of an event stream: a ticket for the packet, or a bearer header."""
+        query = request.query_params
+        if "token" in query:
+            raise AuthError(
+                "the event stream takes no token in its URL: POST "
+                f"/v1/packets/{packet_id}/events/ticket and pass ?ticket=<ticket>"
+            )
+        ticket = query.get("ticket")
+        if ticket is not None:
+            return self.api.identity.check_ticket(ticket, packet_id)
+        return await self.api.caller(request)
 
     async def events(self, request: Request) -> Response:
-        caller = self._caller(request)
         packet_id: str = request.path_params["packet_id"]
+        caller = await self._stream_caller(request, packet_id)
         await self.api.service.packet(packet_id)  # 404 before the stream starts
         slot = self._stream_slot(caller.user_id)  # 429 over the caps
 
@@ -362,7 +383,7 @@ class WebApp:
     # -- dashboard ------------------------------------------------------------------------
 
     async def admin_stats(self, request: Request) -> Response:
-        caller = self.api.caller(request)
+        caller = await self.api.caller(request)
         if not caller.admin:
             raise Forbidden("the dashboard needs an admin token")
         service = self.api.service

@@ -14,7 +14,9 @@
 -- KEYS[1+4j .. 4+4j]      event stream of its bucket, meta hash, shares list, claims hash
 --                         of packet j (j = 0 ..); on a cluster all in one slot (bucket)
 -- ARGV[1+2j]              packet id of packet j
--- ARGV[2+2j]              user ids grabbing packet j, in order, separated by one space
+-- ARGV[2+2j]              grabbers of packet j, in order, separated by one space: a
+--                         user id, or "user=actor" when a service (the actor) grabs for
+--                         the user (user ids hold neither '=' nor spaces)
 -- Returns a flat list of integers, four per grab, packet by packet, users in order:
 --   status, seq, amount, claimed_at_ms (the last three 0 when the user holds no share)
 --   status: 0 unknown packet, 1 granted now, 2 claimed before (the earlier claim
@@ -22,7 +24,8 @@
 --   5 this packet's data is unreadable
 -- Shares are packed index * 2^32 + amount; claims are "seq:amount:claimed_at_ms" with
 -- seq = index + 1 (see hongbao/storage/codec.py).
--- Appends per packet with grants {k=g, p=packet, c=lines "user seq:amount:claimed_at_ms"}.
+-- Appends per packet with grants {k=g, p=packet, c=lines "user seq:amount:claimed_at_ms"},
+-- a line ending in " actor" for a grant made by an actor.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -99,9 +102,19 @@ local function push_back(shares_key, raw)
   end
 end
 
+-- a grant's line for the event stream: "user claim", or "user claim actor"; `actors` is
+-- nil for the (usual) packets no actor grabbed in this call
+local function grant_line(user, claim, actors)
+  local actor = actors and actors[user]
+  if actor then
+    return user .. ' ' .. claim .. ' ' .. actor
+  end
+  return user .. ' ' .. claim
+end
+
 -- a packet with one grab in the call (most of them, from HTTP workers' small calls):
 -- the same steps with single-value commands, which skip the bulk path's tables
-local function grab_one(meta_key, shares_key, claims_key, user, done)
+local function grab_one(meta_key, shares_key, claims_key, user, done, actors)
   local prior = redis.call('HGET', claims_key, user)
   if prior then
     return put_prior(prior, user)
@@ -119,14 +132,14 @@ local function grab_one(meta_key, shares_key, claims_key, user, done)
     error('malformed share')
   end
   redis.call('HSET', claims_key, user, claim)
-  done.grants[1], done.taken = user .. ' ' .. claim, amount
+  done.grants[1], done.taken = grant_line(user, claim, actors), amount
   put(1, seq, amount, now)
 end
 
 -- the grabs of one packet, users in order; the grants are added to `done`
-local function grab_packet(meta_key, shares_key, claims_key, users, done)
+local function grab_packet(meta_key, shares_key, claims_key, users, done, actors)
   if #users == 1 then
-    return grab_one(meta_key, shares_key, claims_key, users[1], done)
+    return grab_one(meta_key, shares_key, claims_key, users[1], done, actors)
   end
   local claimed = read_claims(claims_key, users)
   local wanting = {}  -- users without a claim, each once, in order of arrival
@@ -152,7 +165,7 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done)
     local user = wanting[k]
     fields[2 * k - 1], fields[2 * k] = user, claim
     seqs[k], amounts[k] = seq, amount
-    lines[k], taken = user .. ' ' .. claim, taken + amount
+    lines[k], taken = grant_line(user, claim, actors), taken + amount
     claimed[user] = k
   end
   for first = 1, #fields, CHUNK do
@@ -173,13 +186,25 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done)
 end
 
 for j = 0, #ARGV / 2 - 1 do
-  local users = {}
-  for user in string.gmatch(ARGV[2 + 2 * j], '%S+') do
-    users[#users + 1] = user
+  local grabbers = ARGV[2 + 2 * j]
+  local users, actors = {}, nil
+  if string.find(grabbers, '=', 1, true) then
+    actors = {}  -- a user named twice keeps the actor of its first grab (the one granted)
+    for user, actor in string.gmatch(grabbers, '([^%s=]+)=?(%S*)') do
+      users[#users + 1] = user
+      if actor ~= '' and not actors[user] then
+        actors[user] = actor
+      end
+    end
+  else
+    for user in string.gmatch(grabbers, '%S+') do
+      users[#users + 1] = user
+    end
   end
   local first = n
   local done = {grants = {}, taken = 0}
-  local ok = pcall(grab_packet, KEYS[2 + 4 * j], KEYS[3 + 4 * j], KEYS[4 + 4 * j], users, done)
+  local ok = pcall(grab_packet, KEYS[2 + 4 * j], KEYS[3 + 4 * j], KEYS[4 + 4 * j], users, done,
+    actors)
   if not ok then
     for _ = (n - first) / 4 + 1, #users do
       put(5, 0, 0, 0)

@@ -11,6 +11,7 @@
   var ADMIN_KEY = "hongbao.admin";
   var LANG_KEY = "hongbao.lang";
   var POLL_MS = 2000;
+  var RETRY_MS = 1000; // before a live stream is opened again
 
   var $ = function (id) { return document.getElementById(id); };
   var lang = localStorage.getItem(LANG_KEY) ||
@@ -73,17 +74,22 @@
     else localStorage.setItem(key, JSON.stringify(value));
   }
 
-  /** The payload of a v1 token ({sub, adm, exp}), or null. The server checks the signature. */
+  /**
+   * What a JWT says of its user ({sub, exp, adm}: adm when it has the hongbao:admin role,
+   * in its roles or scope claim), or null. The server checks the signature.
+   */
   function tokenClaims(token) {
     var parts = String(token || "").trim().split(".");
-    if (parts.length !== 3 || parts[0] !== "v1") return null;
+    if (parts.length !== 3) return null;
     try {
       var b64 = parts[1].replace(/-/g, "+").replace(/_/g, "/");
       while (b64.length % 4) b64 += "=";
       var data = JSON.parse(atob(b64));
       if (typeof data.sub !== "string" || typeof data.exp !== "number") return null;
       if (data.exp * 1000 <= Date.now()) return null;
-      return data;
+      var roles = Array.isArray(data.roles) ? data.roles : String(data.roles || "").split(" ");
+      roles = roles.concat(String(data.scope || "").split(" "));
+      return { sub: data.sub, exp: data.exp, adm: roles.indexOf("hongbao:admin") >= 0 };
     } catch (e) { return null; }
   }
 
@@ -416,19 +422,30 @@
       timer = setInterval(function () { fetchState().catch(function () {}); }, POLL_MS);
     }
 
+    /**
+     * The live stream. An EventSource cannot send the token, and a token never goes in a
+     * URL: each connection gets a one-minute ticket for this packet first. A stream ends
+     * every few minutes; it is then opened again with a new ticket.
+     */
     function startLive() {
       if (!window.EventSource) return startPolling();
-      source = new EventSource("/v1/packets/" + encodeURIComponent(id) + "/events?token=" + encodeURIComponent(auth.token));
-      source.addEventListener("packet", function (event) {
-        errors = 0;
-        if (state.live !== "packet.live") { state.live = "packet.live"; }
-        update(JSON.parse(event.data));
-      });
-      source.onerror = function () {
-        errors += 1;
-        // closed for good (refused) or failing repeatedly: poll instead
-        if (source && (source.readyState === EventSource.CLOSED || errors >= 3)) startPolling();
-      };
+      var base = "/v1/packets/" + encodeURIComponent(id);
+      api("POST", base + "/events/ticket").then(function (granted) {
+        if (state.closed || timer || source || state.live === "packet.final") return;
+        source = new EventSource(base + "/events?ticket=" + encodeURIComponent(granted.ticket));
+        source.addEventListener("packet", function (event) {
+          errors = 0;
+          if (state.live !== "packet.live") { state.live = "packet.live"; }
+          update(JSON.parse(event.data));
+        });
+        source.onerror = function () {
+          errors += 1;
+          if (source) { source.close(); source = null; }
+          // failing repeatedly: poll instead; else reconnect with a fresh ticket
+          if (errors >= 3) startPolling();
+          else if (!state.closed) setTimeout(startLive, RETRY_MS);
+        };
+      }, function () { startPolling(); });
     }
 
     $("open").onclick = function () {

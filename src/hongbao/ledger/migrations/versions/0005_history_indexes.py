@@ -13,7 +13,7 @@
   it is complete (filled by the history indexer; empty here, since it is derived).
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 Create Date: 2026-11-26
 """
 
@@ -22,7 +22,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0005"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
