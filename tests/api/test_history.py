@@ -152,6 +152,8 @@ async def test_pages_follow_the_cursor(client: httpx.AsyncClient) -> None:
         ("/v1/users/bob/sent?cursor=***", "cursor"),
         ("/v1/users/bob/received?cursor=eA", "cursor"),
         ("/v1/wallets/bob/entries?kind=gift", "kind"),
+        ("/v1/wallets/bob/entries?kind=", "kind"),
+        ("/v1/users/bob/received?year=", "year"),
         ("/v1/wallets/bob/entries?limit=-1", "limit"),
         ("/v1/users/b%20b/received", "user_id"),
         ("/v1/admin/statements/2026-13-01", "date"),

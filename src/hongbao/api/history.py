@@ -79,7 +79,7 @@ class HistoryApi:
     async def entries(self, request: Request) -> Response:
         user_id = await self.reader(request)
         limit = _limit(request)
-        kind = request.query_params.get("kind") or None
+        kind = request.query_params.get("kind")
         position = _position(request, "e", int)
         after = None if position is None else int(position[0])
         page = await self.api.service.history.entries(user_id, kind=kind, after=after, limit=limit)
