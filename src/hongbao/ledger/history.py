@@ -36,7 +36,7 @@ from hongbao.domain.history import (
     WalletMismatch,
 )
 from hongbao.errors import StorageError
-from hongbao.ledger.records import among, from_db
+from hongbao.ledger.records import among, chunks, from_db
 from hongbao.ledger.schema import best_luck, claims, entries, history_marks, packets, wallets
 
 #: the hb_history_marks row of hb_best_luck
@@ -522,12 +522,14 @@ async def index_best_luck(conn: AsyncConnection, batch: int) -> tuple[int, datet
     found = (await conn.execute(query.order_by(packets.c.created_at).limit(batch + 1))).all()
     todo = [packet_id for packet_id, _ in found[:batch]]
     if todo:
-        winners = await conn.execute(
-            sa.select(claims.c.packet_id, claims.c.user_id, claims.c.claimed_at)
-            .select_from(claims.join(packets, packets.c.id == claims.c.packet_id))
-            .where(among(conn, claims.c.packet_id, todo), _is_best_luck())
-        )
-        best = {p: (u, t) for p, u, t in winners}
+        best: dict[str, tuple[str, datetime]] = {}
+        for chunk in chunks(todo):  # within every database's count of bind parameters
+            winners = await conn.execute(
+                sa.select(claims.c.packet_id, claims.c.user_id, claims.c.claimed_at)
+                .select_from(claims.join(packets, packets.c.id == claims.c.packet_id))
+                .where(among(conn, claims.c.packet_id, chunk), _is_best_luck())
+            )
+            best.update((p, (u, t)) for p, u, t in winners)
         rows = [
             {
                 "packet_id": p,
