@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "hongbao.dead_letters",
             "hongbao.metrics",
             "hongbao.runtime",
+            "hongbao.rules",
         ],
     ),
     ("identity", ["hongbao.identity."]),

@@ -24,6 +24,7 @@ from hongbao.ledger.records import (
     packet_from_row,
     to_db,
 )
+from hongbao.ledger.rules import refund_status
 from hongbao.ledger.schema import claims, entries, packets, shares
 
 
@@ -207,7 +208,7 @@ class ApplyBatch:
                 f"refund of {ev.amount} fen for {ev.packet_id} would exceed its total "
                 f"({record.claimed_amount} claimed of {record.total_amount})"
             )
-        status = "exhausted" if ev.amount == 0 else "expired"
+        status = refund_status(ev)
         await self.conn.execute(
             packets.update()
             .where(packets.c.id == ev.packet_id)
