@@ -1,15 +1,26 @@
-"""Applying a persister batch of claim and refund events, inside one transaction."""
+"""Applying a persister batch of claim and refund events, inside one transaction.
+
+Whatever the batch's size, the same few set-based statements (see hongbao.ledger.bulk):
+lock the batch's packets, look up its shares and the claims already on them, then insert
+the new claims and ledger entries, credit the wallets and update the packets. Each event
+is judged in Python, in batch order, between the lookup and the writes.
+
+Lock order, so that persisters sharing buckets cannot deadlock: packets in id order
+(FOR UPDATE on PostgreSQL and MariaDB; SQLite locks the whole database), then wallets
+in user order. Claims and entries need no lock of their own: their unique keys belong
+to a packet this transaction holds.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from hongbao.ledger.bulk import Columns, bulk_for
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
     ClaimEvent,
@@ -18,14 +29,14 @@ from hongbao.ledger.records import (
     RefundEvent,
     among,
     chunks,
-    credit,
-    ensure_wallets,
-    entry_row,
+    claim_reference,
     packet_from_row,
+    refund_reference,
     to_db,
+    utcnow,
 )
 from hongbao.ledger.rules import refund_status
-from hongbao.ledger.schema import claims, entries, packets, shares
+from hongbao.ledger.schema import packets
 
 
 class ApplyBatch:
@@ -33,28 +44,23 @@ class ApplyBatch:
 
     def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
+        self.bulk = bulk_for(conn)
 
     async def run(self, events: Sequence[LedgerEvent]) -> list[str | None]:
         outcome: list[str | None] = [None] * len(events)
-        packet_ids = sorted({e.packet_id for e in events})
-        found = await self._lock_packets(packet_ids)
-        by_packet: dict[str, list[int]] = defaultdict(list)
+        found = await self._lock_packets(sorted({e.packet_id for e in events}))
+        claims_in: list[tuple[int, ClaimEvent]] = []
         for pos, ev in enumerate(events):
             if ev.packet_id not in found:
                 outcome[pos] = f"packet {ev.packet_id} is not in the ledger"
-            else:
-                by_packet[ev.packet_id].append(pos)
-        new_claims: list[ClaimEvent] = []
-        for pid, positions in by_packet.items():
-            items = [(p, e) for p in positions if isinstance(e := events[p], ClaimEvent)]
-            accepted, rejected = await self._check_claims(pid, items)
-            new_claims.extend(accepted)
-            for pos, reason in rejected:
-                outcome[pos] = reason
-        await self._write_claims(new_claims, found)
+            elif isinstance(ev, ClaimEvent):
+                claims_in.append((pos, ev))
+        new = await self._check_claims(claims_in, outcome)
+        changes = _Changes(found, new)
         for pos, ev in enumerate(events):
             if isinstance(ev, RefundEvent) and outcome[pos] is None:
-                outcome[pos] = await self._refund(ev, found[ev.packet_id])
+                outcome[pos] = changes.refund(ev)
+        await self._write(new, changes)
         return outcome
 
     async def _lock_packets(self, ids: list[str]) -> dict[str, PacketRecord]:
@@ -70,135 +76,147 @@ class ApplyBatch:
         return found
 
     async def _check_claims(
-        self, packet_id: str, claims_in: list[tuple[int, ClaimEvent]]
-    ) -> tuple[list[ClaimEvent], list[tuple[int, str]]]:
-        """Split a packet's claim events into new ones and ones that can never apply.
-
-        Replays (the same user and share again) are in neither list.
-        """
+        self, claims_in: list[tuple[int, ClaimEvent]], outcome: list[str | None]
+    ) -> list[ClaimEvent]:
+        """The claims to apply now, in batch order; the refused ones get their reason in
+        `outcome`. Replays (the same user and share again) are neither."""
         if not claims_in:
-            return [], []
-        idxs = sorted({e.share_idx for _, e in claims_in})
-        users = sorted({e.user_id for _, e in claims_in})
-        amounts: dict[int, int] = {}
-        by_idx: dict[int, str] = {}
-        by_user: dict[str, int] = {}
-        for chunk in chunks(idxs):
-            rows = await self.conn.execute(
-                sa.select(shares.c.idx, shares.c.amount).where(
-                    shares.c.packet_id == packet_id, among(self.conn, shares.c.idx, chunk)
-                )
-            )
-            amounts.update((int(i), int(a)) for i, a in rows)
-        lookups: list[tuple[Any, Sequence[Any]]] = [
-            (claims.c.share_idx, idxs),
-            (claims.c.user_id, users),
-        ]
-        for column, values in lookups:
-            for chunk in chunks(values):
-                rows = await self.conn.execute(
-                    sa.select(claims.c.share_idx, claims.c.user_id).where(
-                        claims.c.packet_id == packet_id, among(self.conn, column, chunk)
-                    )
-                )
-                for i, u in rows:
-                    by_idx[int(i)] = u
-                    by_user[u] = int(i)
+            return []
+        keys = list(
+            dict.fromkeys((e.packet_id, e.share_idx, e.user_id, e.amount) for _, e in claims_in)
+        )
+        # the lookup names only shares missing (None) or of another amount than some
+        # event says, and shares or users claimed already: any other share exists with
+        # the amount its events say, and is free
+        amounts: dict[tuple[str, int], int | None] = {}
+        holder: dict[tuple[str, int], str] = {}  # (packet, share) -> the user holding it
+        held: dict[tuple[str, str], int] = {}  # (packet, user) -> the share this user holds
+        for pid, idx, user, amount, holding, share in await self.bulk.lookup(
+            list(zip(*keys, strict=True))
+        ):
+            amounts[pid, idx] = amount
+            if holding is not None:
+                holder[pid, idx] = holding
+                held[pid, holding] = idx
+            if share is not None:
+                held[pid, user] = share
+                holder[pid, share] = user
         accepted: list[ClaimEvent] = []
-        rejected: list[tuple[int, str]] = []
         for pos, ev in claims_in:
-            if by_idx.get(ev.share_idx) == ev.user_id:
+            share_key = (ev.packet_id, ev.share_idx)
+            if holder.get(share_key) == ev.user_id:
                 continue  # applied before: a replay
-            if ev.share_idx not in amounts:
-                rejected.append((pos, f"packet {packet_id} has no share {ev.share_idx}"))
-            elif amounts[ev.share_idx] != ev.amount:
-                rejected.append(
-                    (
-                        pos,
-                        f"share {ev.share_idx} of {packet_id} is "
-                        f"{amounts[ev.share_idx]} fen, event says {ev.amount}",
-                    )
-                )
-            elif ev.share_idx in by_idx:
-                rejected.append(
-                    (
-                        pos,
-                        f"share {ev.share_idx} of {packet_id} was claimed by "
-                        f"{by_idx[ev.share_idx]}",
-                    )
-                )
-            elif ev.user_id in by_user:
-                rejected.append(
-                    (
-                        pos,
-                        f"{ev.user_id} already claimed share {by_user[ev.user_id]} of {packet_id}",
-                    )
-                )
+            reason = _claim_refusal(ev, amounts.get(share_key, ev.amount), holder, held)
+            if reason is not None:
+                outcome[pos] = reason
             else:
-                by_idx[ev.share_idx] = ev.user_id
-                by_user[ev.user_id] = ev.share_idx
+                holder[share_key] = ev.user_id
+                held[ev.packet_id, ev.user_id] = ev.share_idx
                 accepted.append(ev)
-        return accepted, rejected
+        return accepted
 
-    async def _write_claims(self, new: list[ClaimEvent], found: dict[str, PacketRecord]) -> None:
-        if not new:
-            return
-        await self.conn.execute(
-            claims.insert(),
-            [
-                {
-                    "packet_id": e.packet_id,
-                    "share_idx": e.share_idx,
-                    "user_id": e.user_id,
-                    "amount": e.amount,
-                    "claimed_at": to_db(e.claimed_at),
-                }
-                for e in new
-            ],
-        )
-        await self.conn.execute(
-            entries.insert(),
-            [
-                entry_row(
-                    f"claim:{e.packet_id}:{e.share_idx}",
-                    e.user_id,
-                    "claim",
-                    e.amount,
-                    e.packet_id,
-                    e.actor,
-                )
-                for e in new
-            ],
-        )
-        credits: dict[str, int] = defaultdict(int)
-        per_packet: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for e in new:
-            credits[e.user_id] += e.amount
-            per_packet[e.packet_id][0] += 1
-            per_packet[e.packet_id][1] += e.amount
-        await ensure_wallets(self.conn, credits)
-        await credit(self.conn, credits)
-        for pid, (n, amount) in sorted(per_packet.items()):
-            record = found[pid]
-            n_after = record.claimed_count + n
-            status = "exhausted" if n_after == record.count else record.status
-            await self.conn.execute(
-                packets.update()
-                .where(packets.c.id == pid)
-                .values(
-                    claimed_count=packets.c.claimed_count + n,
-                    claimed_amount=packets.c.claimed_amount + amount,
-                    status=status,
+    async def _write(self, new: list[ClaimEvent], changes: _Changes) -> None:
+        now = utcnow()
+        # in key order: index insertions land next to each other, and in one order
+        new = sorted(new, key=_share_key)
+        users = [e.user_id for e in new]
+        amounts = [e.amount for e in new]
+        if new:
+            pids = [e.packet_id for e in new]
+            idxs = [e.share_idx for e in new]
+            at = [to_db(e.claimed_at) for e in new]
+            refs = list(map(claim_reference, pids, idxs))
+            actors = [e.actor for e in new]
+            await self.bulk.insert_claims((pids, idxs, users, amounts, at, refs, actors), now)
+        refunds = changes.refunds
+        if refunds:
+            n = len(refunds)
+            await self.bulk.insert_entries(
+                (
+                    [refund_reference(r.packet_id) for r in refunds],
+                    [r.sender_id for r in refunds],
+                    ["refund"] * n,
+                    [r.amount for r in refunds],
+                    [r.packet_id for r in refunds],
+                    [None] * n,
+                    [now] * n,
                 )
             )
+        credits: dict[str, int] = {}
+        for user, amount in zip(users, amounts, strict=True):
+            credits[user] = credits.get(user, 0) + amount
+        for r in refunds:
+            credits[r.sender_id] = credits.get(r.sender_id, 0) + r.amount
+        if credits:
+            by_user = sorted(credits.items())
+            await self.bulk.credit([u for u, _ in by_user], [a for _, a in by_user], now)
+        if changes.added:
+            await self.bulk.update_packets(changes.columns())
+
+
+def _share_key(ev: ClaimEvent) -> tuple[str, int]:
+    return ev.packet_id, ev.share_idx
+
+
+def _claim_refusal(
+    ev: ClaimEvent,
+    amount: int | None,
+    holder: dict[tuple[str, int], str],
+    held: dict[tuple[str, str], int],
+) -> str | None:
+    """Why a claim that is not a replay can never apply, or None if it can."""
+    pid, idx = ev.packet_id, ev.share_idx
+    if amount is None:
+        return f"packet {pid} has no share {idx}"
+    if amount != ev.amount:
+        return f"share {idx} of {pid} is {amount} fen, event says {ev.amount}"
+    if (pid, idx) in holder:
+        return f"share {idx} of {pid} was claimed by {holder[pid, idx]}"
+    if (pid, ev.user_id) in held:
+        return f"{ev.user_id} already claimed share {held[pid, ev.user_id]} of {pid}"
+    return None
+
+
+@dataclass(slots=True)
+class _Added:
+    """What a batch adds to one packet."""
+
+    claims: int = 0
+    claimed: int = 0
+    refunded: int = 0
+    closed_at: datetime | None = None
+
+
+class _Changes:
+    """What the batch does to its packets: counters added per packet, refunds, status.
+
+    Keeps each locked packet's record up to date in memory, so a refund is judged after
+    the batch's claims and a second refund of the same packet is a replay.
+    """
+
+    def __init__(self, found: dict[str, PacketRecord], new: list[ClaimEvent]) -> None:
+        self.found = found
+        self.added: dict[str, _Added] = {}
+        #: the refunds that move money
+        self.refunds: list[RefundEvent] = []
+        for ev in new:
+            added = self.added.get(ev.packet_id)
+            if added is None:
+                added = self.added[ev.packet_id] = _Added()
+            added.claims += 1
+            added.claimed += ev.amount
+        for pid, added in self.added.items():
+            record = found[pid]
+            n_after = record.claimed_count + added.claims
             found[pid] = replace(
                 record,
                 claimed_count=n_after,
-                claimed_amount=record.claimed_amount + amount,
-                status=status,
+                claimed_amount=record.claimed_amount + added.claimed,
+                status="exhausted" if n_after == record.count else record.status,
             )
 
-    async def _refund(self, ev: RefundEvent, record: PacketRecord) -> str | None:
+    def refund(self, ev: RefundEvent) -> str | None:
+        record = self.found[ev.packet_id]
         if record.closed_at is not None:
             return None  # refunded before
         if ev.sender_id != record.sender_id:
@@ -208,21 +226,23 @@ class ApplyBatch:
                 f"refund of {ev.amount} fen for {ev.packet_id} would exceed its total "
                 f"({record.claimed_amount} claimed of {record.total_amount})"
             )
-        status = refund_status(ev)
-        await self.conn.execute(
-            packets.update()
-            .where(packets.c.id == ev.packet_id)
-            .values(refunded_amount=ev.amount, closed_at=to_db(ev.closed_at), status=status)
+        added = self.added.setdefault(ev.packet_id, _Added())
+        added.refunded += ev.amount
+        added.closed_at = to_db(ev.closed_at)
+        self.found[ev.packet_id] = replace(
+            record,
+            refunded_amount=record.refunded_amount + ev.amount,
+            closed_at=ev.closed_at,
+            status=refund_status(ev),
         )
         if ev.amount:
-            await ensure_wallets(self.conn, [ev.sender_id])
-            await credit(self.conn, {ev.sender_id: ev.amount})
-            await self.conn.execute(
-                entries.insert(),
-                [
-                    entry_row(
-                        f"refund:{ev.packet_id}", ev.sender_id, "refund", ev.amount, ev.packet_id
-                    )
-                ],
-            )
+            self.refunds.append(ev)
         return None
+
+    def columns(self) -> Columns:
+        """PACKET_CHANGE_COLUMNS: one row per packet touched, in packet id order."""
+        rows = [
+            (pid, a.claims, a.claimed, a.refunded, self.found[pid].status, a.closed_at)
+            for pid, a in sorted(self.added.items())
+        ]
+        return [list(column) for column in zip(*rows, strict=True)]

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from hongbao.ledger.schema import packets, wallets
+from hongbao.ledger.schema import packets
 
 T = TypeVar("T")
 CHUNK = 500  # rows per IN (...) list or executemany slice
@@ -23,6 +23,8 @@ def utcnow() -> datetime:
 
 def to_db(moment: datetime) -> datetime:
     """Databases keep naive UTC."""
+    if moment.tzinfo is UTC:  # the usual case, one call a claim: skip the conversion
+        return moment.replace(tzinfo=None)
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
@@ -132,33 +134,12 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterable[Sequence[T]]:
         yield items[start : start + size]
 
 
-async def ensure_wallets(conn: AsyncConnection, users: Iterable[str]) -> None:
-    """Create missing wallets with a zero balance."""
-    wanted = sorted(set(users))
-    have: set[str] = set()
-    for chunk in chunks(wanted):
-        have.update(
-            await conn.scalars(
-                sa.select(wallets.c.user_id).where(among(conn, wallets.c.user_id, chunk))
-            )
-        )
-    missing = [u for u in wanted if u not in have]
-    if missing:
-        now = utcnow()
-        await conn.execute(
-            wallets.insert(), [{"user_id": u, "balance": 0, "updated_at": now} for u in missing]
-        )
+def claim_reference(packet_id: str, share_idx: int) -> str:
+    return f"claim:{packet_id}:{share_idx}"
 
 
-async def credit(conn: AsyncConnection, amounts: dict[str, int]) -> None:
-    """Add to balances, in user order so concurrent batches lock rows alike."""
-    now = utcnow()
-    await conn.execute(
-        wallets.update()
-        .where(wallets.c.user_id == sa.bindparam("u"))
-        .values(balance=wallets.c.balance + sa.bindparam("d"), updated_at=now),
-        [{"u": u, "d": d} for u, d in sorted(amounts.items())],
-    )
+def refund_reference(packet_id: str) -> str:
+    return f"refund:{packet_id}"
 
 
 def entry_row(

@@ -34,6 +34,7 @@ from hongbao.errors import (
 )
 from hongbao.ledger.apply import ApplyBatch
 from hongbao.ledger.audit import audit_ledger
+from hongbao.ledger.bulk import bulk_for
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
     ClaimEvent,
@@ -42,8 +43,6 @@ from hongbao.ledger.records import (
     PacketRecord,
     RefundEvent,
     chunks,
-    credit,
-    ensure_wallets,
     entry_row,
     from_db,
     packet_from_row,
@@ -174,8 +173,7 @@ class SqlLedger:
                     "this deposit reference was used before with a different amount"
                 )
             if seen is None:
-                await ensure_wallets(conn, [user_id])
-                await credit(conn, {user_id: amount})
+                await bulk_for(conn).credit([user_id], [amount], utcnow())
                 ref = deposit_reference(user_id, reference)
                 row = entry_row(ref, user_id, "deposit", amount, actor=actor)
                 row["deposit_key"] = reference
