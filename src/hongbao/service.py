@@ -380,6 +380,11 @@ class Hongbao:
         await self._record(packet_id)
         return await self.ledger.audience_of(packet_id)
 
+    async def in_audience(self, packet_id: str, user_id: str) -> bool:
+        """Whether a packet's audience names the user (False for a packet without one)."""
+        await self._record(packet_id)
+        return await self.ledger.in_audience(packet_id, user_id)
+
     async def claims(
         self, packet_id: str, *, limit: int | None = None, after: ClaimPosition | None = None
     ) -> ClaimsList:

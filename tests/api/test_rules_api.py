@@ -51,10 +51,12 @@ async def test_exclusive_packet_and_who_sees_its_audience(client: httpx.AsyncCli
         "count",
     )
     packet = await send(client, "alice", total_amount=300, count=1, audience=["bob", "bob"])
-    assert set(packet) == PACKET_KEYS | {"audience_size", "audience"}
-    assert (packet["audience_size"], packet["audience"]) == (1, ["bob"])
+    assert set(packet) == PACKET_KEYS | {"audience_size", "audience", "for_you"}
+    assert (packet["audience_size"], packet["audience"], packet["for_you"]) == (1, ["bob"], False)
     seen = (await client.get(f"/v1/packets/{packet['id']}", headers=bearer("carol"))).json()
-    assert seen["audience_size"] == 1 and "audience" not in seen
+    assert seen["audience_size"] == 1 and "audience" not in seen and seen["for_you"] is False
+    seen = (await client.get(f"/v1/packets/{packet['id']}", headers=bearer("bob"))).json()
+    assert "audience" not in seen and seen["for_you"] is True
     seen = (await client.get(f"/v1/packets/{packet['id']}", headers=ADMIN)).json()
     assert seen["audience"] == ["bob"]
     problem(await grab(client, packet["id"], "carol"), 403, "not_in_audience")

@@ -203,11 +203,17 @@ class Api:
         return JSONResponse(await self._packet_json(packet, caller))
 
     async def _packet_json(self, packet: Packet, caller: Principal) -> dict[str, Any]:
-        """The packet's JSON, with its audience's users for its sender and admins."""
+        """The packet's JSON: with an audience, whether it names the caller, and its users
+        for its sender and admins."""
+        if not packet.audience_size:
+            return packet_json(packet)
         audience = None
-        if packet.audience_size and (caller.user_id == packet.sender_id or caller.admin):
+        if caller.user_id == packet.sender_id or caller.admin:
             audience = await self.service.audience(packet.id)
-        return packet_json(packet, audience)
+            for_you = caller.user_id in audience
+        else:
+            for_you = await self.service.in_audience(packet.id, caller.user_id)
+        return {**packet_json(packet, audience), "for_you": for_you}
 
     async def grab(self, request: Request) -> Response:
         """The route; `GrabFastPath` answers these requests before routing (same code below)."""

@@ -114,6 +114,9 @@ class PacketOut(BaseModel):
     audience: list[UserId] | None = Field(
         default=None, description="the users it is for: shown to its sender and admins only"
     )
+    for_you: bool | None = Field(
+        default=None, description="whether its audience names the caller (a packet with one)"
+    )
     passphrase_required: bool | None = Field(
         default=None, description="true on a packet whose grabs must send its passphrase"
     )

@@ -68,6 +68,16 @@ async def audience_of(conn: AsyncConnection, packet_id: str) -> list[str]:
     return list(rows)
 
 
+async def in_audience(conn: AsyncConnection, packet_id: str, user_id: str) -> bool:
+    """Whether a packet's audience names the user."""
+    found = await conn.scalar(
+        sa.select(packet_audience.c.user_id).where(
+            packet_audience.c.packet_id == packet_id, packet_audience.c.user_id == user_id
+        )
+    )
+    return found is not None
+
+
 async def count_send(
     conn: AsyncConnection, sender_id: str, amount: int, limits: SendLimits, now: datetime
 ) -> None:

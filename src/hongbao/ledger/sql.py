@@ -49,7 +49,13 @@ from hongbao.ledger.records import (
     to_db,
     utcnow,
 )
-from hongbao.ledger.rules import audience_of, count_send, read_rules, write_rules
+from hongbao.ledger.rules import (
+    audience_of,
+    count_send,
+    in_audience,
+    read_rules,
+    write_rules,
+)
 from hongbao.ledger.schema import (
     IDEMPOTENCY_KEY_LENGTH,
     claims,
@@ -291,6 +297,11 @@ class SqlLedger:
         """The users a packet is for, by id (empty: anyone may grab)."""
         async with self._connect() as conn:
             return await audience_of(conn, packet_id)
+
+    async def in_audience(self, packet_id: str, user_id: str) -> bool:
+        """Whether a packet's audience names the user."""
+        async with self._connect() as conn:
+            return await in_audience(conn, packet_id, user_id)
 
     async def shares_of(self, packet_id: str) -> list[tuple[int, int]]:
         """All (index, amount) shares of a packet, in index order."""
