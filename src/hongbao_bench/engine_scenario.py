@@ -5,9 +5,10 @@
 * ``hongbao-spread``: the same storm spread over many packets, one grab of each in a call
   (a grab costs Redis most in that shape: the batch script's work is mostly per packet);
 * ``ack-modes``: the hongbao scenario, smaller, in each waiting ``--ack`` mode;
-* ``hongbao-rules``: the hongbao scenario's grabs on packets that each have an audience
-  of 1,000 users (its grabbers) and a passphrase that every grab sends: what checking
-  the rules inside the grab script costs.
+* ``hongbao-rules``: the hongbao scenario's number of grabs on packets that each have an
+  audience of 1,000 users and a passphrase that every grab sends; each packet's
+  members grab it together, as a chat group does: what checking the rules inside the
+  grab script costs.
 """
 
 from __future__ import annotations
@@ -66,14 +67,21 @@ async def _hongbao_run(
     try:
         n = packets * per_packet
         users = [f"u{k}" for k in range(1, n + 1)]
-        # user k grabs packet k mod packets (see engine_storm): that is each audience
-        audiences = [users[j::packets] for j in range(packets)] if rules else None
+        # a group's members grab their group's packet together: users j*per_packet ..
+        # (j+1)*per_packet - 1 are packet j's audience, and grab it one after the other
+        audiences = (
+            [users[j * per_packet : (j + 1) * per_packet] for j in range(packets)]
+            if rules
+            else None
+        )
         phrase = RULES_PASSPHRASE if rules else None
         ctx.say(f"opening {packets} packets of {per_packet:,} shares")
         shares = await send_packets(
             service, packets, per_packet, random.Random(7), audiences, phrase
         )
         packet_ids = list(shares)
+        if rules:  # engine_storm's grab k takes packet_ids[k % len]: one id per grab
+            packet_ids = [pid for pid in packet_ids for _ in range(per_packet)]
         user_ids = {u: k for k, u in enumerate(users, start=1)}
         clock = time.perf_counter
         await asyncio.gather(*(service.store.client.ping() for _ in range(64)))
