@@ -70,7 +70,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with running_service(settings, workers=run_workers) as runtime:
+        keys = config.passphrase_keys()
+        async with running_service(settings, workers=run_workers, passphrase_keys=keys) as runtime:
             await api.identity.start(runtime.service.store)
             api.runtime = runtime
             web.start()

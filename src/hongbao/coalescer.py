@@ -63,12 +63,17 @@ class GrabCoalescer:
         self.calls = 0
 
     def submit(
-        self, keys: PacketKeys, user_id: str, actor: str | None = None
+        self,
+        keys: PacketKeys,
+        user_id: str,
+        actor: str | None = None,
+        digests: str | None = None,
     ) -> asyncio.Future[Answer]:
-        """Queue one grab (by `actor` for the user, when given); the future gets its answer,
-        or the StorageError of its call. Grabs with and without an actor ride together."""
-        if actor is not None:
-            user_id = grabber(user_id, actor)
+        """Queue one grab (by `actor` for the user, when given; carrying a passphrase's
+        `digests`, when given); the future gets its answer, or the StorageError of its call.
+        Grabs with and without an actor or a passphrase ride together."""
+        if actor is not None or digests is not None:
+            user_id = grabber(user_id, actor, digests)
         lane_key = keys.bucket if self.per_bucket else 0
         lane = self._lanes.get(lane_key)
         if lane is None:

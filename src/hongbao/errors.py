@@ -41,10 +41,8 @@ class Forbidden(HongbaoError):
     code = "forbidden"
 
 
-class RateLimited(HongbaoError):
-    """Too many requests from one user or client address; retry after `retry_after` s."""
-
-    code = "rate_limited"
+class RetryLater(HongbaoError):
+    """A refusal that ends by itself: the same request may succeed after `retry_after` s."""
 
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
@@ -54,6 +52,42 @@ class RateLimited(HongbaoError):
     def retry_after_header(self) -> str:
         """Whole seconds, at least 1 (Retry-After takes no fractions)."""
         return str(max(1, math.ceil(self.retry_after)))
+
+
+class RateLimited(RetryLater):
+    """Too many requests from one user or client address; retry after `retry_after` s."""
+
+    code = "rate_limited"
+
+
+class SendLimitReached(RateLimited):
+    """The sender sent as many packets, or as much money, as a UTC day allows."""
+
+    code = "send_limit_reached"
+
+
+class TooManyAttempts(RateLimited):
+    """Too many wrong passphrases for this packet: the user is locked out for a while."""
+
+    code = "too_many_attempts"
+
+
+class NotStarted(RetryLater):
+    """The packet opens for grabs at its start time, `retry_after` s from now."""
+
+    code = "not_started"
+
+
+class NotInAudience(Forbidden):
+    """The packet is for a list of users (its audience) that does not name this one."""
+
+    code = "not_in_audience"
+
+
+class WrongPassphrase(Forbidden):
+    """The packet asks for a passphrase, and the grab sent none or another."""
+
+    code = "wrong_passphrase"
 
 
 class NotFound(HongbaoError):
@@ -70,6 +104,12 @@ class PacketExhausted(HongbaoError):
 
 class PacketExpired(HongbaoError):
     code = "packet_expired"
+
+
+class PacketCancelled(HongbaoError):
+    """The sender (or an admin) cancelled the packet; what was left went back."""
+
+    code = "packet_cancelled"
 
 
 class InsufficientBalance(HongbaoError):

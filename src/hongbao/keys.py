@@ -50,7 +50,9 @@ def bucket_of_key(key: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PacketKeys:
-    """The keys of one packet. ``meta`` is a hash, ``shares`` a list, ``claims`` a hash."""
+    """The keys of one packet. ``meta`` is a hash, ``shares`` a list, ``claims`` a hash;
+    a packet with rules also has ``audience`` (a set of user ids) and ``tries`` (a hash:
+    user -> wrong passphrases, see grab.lua)."""
 
     packet_id: str
     bucket: int
@@ -58,6 +60,8 @@ class PacketKeys:
     shares: str
     claims: str
     events: str
+    audience: str
+    tries: str
 
     @classmethod
     def of(cls, packet_id: str, buckets: int) -> PacketKeys:
@@ -70,6 +74,8 @@ class PacketKeys:
             shares=f"{base}:s",
             claims=f"{base}:c",
             events=events_key(bucket),
+            audience=f"{base}:a",
+            tries=f"{base}:w",
         )
 
 

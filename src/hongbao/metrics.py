@@ -58,6 +58,11 @@ GRAB_OUTCOMES = (
     "unauthorized",
     "error",
     "rate_limited",
+    "not_in_audience",
+    "wrong_passphrase",
+    "too_many_attempts",
+    "not_started",
+    "cancelled",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

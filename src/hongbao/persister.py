@@ -65,6 +65,7 @@ def parse_event(event: Event) -> list[LedgerEvent]:
             entry.amount,
             entry.shares_left,
             from_ms(entry.closed_at_ms),
+            entry.cancelled,
         )
         return [refund]
     actors = entry.actors

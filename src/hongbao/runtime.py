@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from hongbao.history import BestLuckIndexer
@@ -42,13 +42,16 @@ class Runtime:
 
 
 @contextlib.asynccontextmanager
-async def running_service(settings: Settings, *, workers: bool) -> AsyncIterator[Runtime]:
+async def running_service(
+    settings: Settings, *, workers: bool, passphrase_keys: Sequence[bytes] = ()
+) -> AsyncIterator[Runtime]:
     """Connect (and migrate) the service; with `workers`, run the persister and sweeper.
+    `passphrase_keys` digest packet passphrases (the API's service needs them).
 
     On exit the workers are asked to stop and awaited (the persister finishes the
     batch in hand), then the connections are closed.
     """
-    service = await Hongbao.connect(settings, migrate=True)
+    service = await Hongbao.connect(settings, migrate=True, passphrase_keys=passphrase_keys)
     runtime = Runtime(service)
     try:
         if workers:

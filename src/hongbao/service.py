@@ -16,6 +16,7 @@ import random
 import secrets
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -35,12 +36,15 @@ from hongbao.domain.models import (
 )
 from hongbao.domain.moments import from_ms, ms
 from hongbao.domain.money import require_amount
+from hongbao.domain.rules import NO_RULES, PacketRules, SendLimits
 from hongbao.domain.splitting import split
 from hongbao.domain.text import require_greeting
 from hongbao.durability import make_durability
 from hongbao.errors import (
+    Forbidden,
     HongbaoError,
     InvalidRequest,
+    PacketCancelled,
     PacketExhausted,
     PacketExpired,
     PacketNotFound,
@@ -50,6 +54,16 @@ from hongbao.keys import PacketKeys
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import PacketRecord
 from hongbao.ratelimit import RateLimiter
+from hongbao.rules import (
+    CANCELLED_BEFORE,
+    CANCELLED_NOW,
+    CLOSED_AT_EXPIRY,
+    EXHAUSTED,
+    NOT_IN_REDIS,
+    grab_digests,
+    rule_refusal,
+    rule_request,
+)
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
@@ -74,6 +88,7 @@ class Hongbao:
         ledger: SqlLedger,
         settings: Settings,
         rng: random.Random | None = None,
+        passphrase_keys: Sequence[bytes] = (),
     ) -> None:
         self.store = store
         self.ledger = ledger
@@ -81,7 +96,11 @@ class Hongbao:
         #: None: each send draws from a fresh generator seeded from os.urandom; tests
         #: pass a seeded Random to reproduce splits
         self.rng = rng
+        #: keys of the passphrases' digests: the first makes them, any of them matches
+        #: (the others are from before a rotation); see hongbao.domain.rules
+        self.passphrase_keys = tuple(passphrase_keys)
         self._records: OrderedDict[str, PacketRecord] = OrderedDict()
+        self._rules: OrderedDict[str, PacketRules] = OrderedDict()
         self._loading: dict[str, asyncio.Task[tuple[bool, PacketRecord | None]]] = {}
         self._keys: dict[str, PacketKeys] = {}
         #: every grab reaches Redis through the coalescer (one script call for many grabs)
@@ -96,7 +115,9 @@ class Hongbao:
         self.history = History(ledger)
 
     @classmethod
-    async def connect(cls, settings: Settings, *, migrate: bool = False) -> Hongbao:
+    async def connect(
+        cls, settings: Settings, *, migrate: bool = False, passphrase_keys: Sequence[bytes] = ()
+    ) -> Hongbao:
         store = store_from_url(
             settings.redis_url, settings.buckets, allow_eviction=settings.allow_eviction
         )
@@ -109,7 +130,7 @@ class Hongbao:
             await store.aclose()
             await ledger.aclose()
             raise
-        service = cls(store, ledger, settings)
+        service = cls(store, ledger, settings, passphrase_keys=passphrase_keys)
         try:
             await service.durability.check()
         except BaseException:
@@ -158,9 +179,17 @@ class Hongbao:
         expires_in: int | None = None,
         idempotency_key: str | None = None,
         actor: str | None = None,
+        *,
+        audience: Sequence[str] | None = None,
+        passphrase: str | None = None,
+        starts_at: datetime | None = None,
     ) -> Packet:
         """Debit the sender, split the money into shares and open the packet for grabs.
-        `actor` (who sends for the sender, a service) is recorded in the ledger."""
+        `actor` (who sends for the sender, a service) is recorded in the ledger.
+
+        Rules (hongbao.domain.rules): only the users of `audience` may grab; a grab must
+        carry `passphrase`; grabs open at `starts_at` (the lifetime counts from it). The
+        send counts against the sender's daily limits (SendLimitReached past one)."""
         require_user_id(sender_id, "sender_id")
         if actor is not None:
             require_user_id(actor, "actor")
@@ -183,15 +212,19 @@ class Hongbao:
             )
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 128:
             raise InvalidRequest("Idempotency-Key must be 1 to 128 characters", "idempotency_key")
+        now = datetime.now(UTC)
+        asked = rule_request(count, now, self.passphrase_keys, audience, passphrase, starts_at)
         # SystemRandom costs a syscall per draw (seconds for a 10,000-share packet); a
         # Mersenne Twister seeded with 128 fresh random bits per packet is fast and
         # its amounts are only seen after they are taken, in a fixed order
         rng = self.rng or random.Random(secrets.randbits(128))
         amounts = split(mode, total_amount, count, rng, self.settings.split_limits)
-        request = json.dumps([total_amount, count, mode.value, greeting, lifetime])
-        now = datetime.now(UTC)
+        rule_part = asked.request_part(self.passphrase_keys)
+        request = json.dumps([total_amount, count, mode.value, greeting, lifetime, *rule_part])
+        packet_id = new_packet_id(ms(now))
+        rules = asked.for_packet(packet_id, self.passphrase_keys)
         record = PacketRecord(
-            id=new_packet_id(ms(now)),
+            id=packet_id,
             sender_id=sender_id,
             total_amount=total_amount,
             count=count,
@@ -199,37 +232,48 @@ class Hongbao:
             greeting=greeting,
             status=PacketStatus.ACTIVE.value,
             created_at=now,
-            expires_at=now + timedelta(seconds=lifetime),
+            expires_at=(rules.starts_at or now) + timedelta(seconds=lifetime),
             request_hash=hashlib.sha256(request.encode()).hexdigest(),
         )
+        limits = SendLimits(self.settings.max_sends_per_day, self.settings.max_sent_per_day)
         record, created = await self.ledger.create_packet(
-            record, amounts, idempotency_key, actor=actor
+            record, amounts, idempotency_key, actor=actor, rules=rules, limits=limits
         )
         if created:
-            await self._load(record, list(enumerate(amounts)), [])
+            await self._load(record, list(enumerate(amounts)), [], rules)
         else:
             await self.ensure_loaded(record.id)
         return await self.packet(record.id)
 
     # -- grabbing -----------------------------------------------------------------
 
-    async def grab(self, packet_id: str, user_id: str, actor: str | None = None) -> GrabResult:
+    async def grab(
+        self,
+        packet_id: str,
+        user_id: str,
+        actor: str | None = None,
+        passphrase: str | None = None,
+    ) -> GrabResult:
         """Take one share for this user; the same user again gets the same share back.
-        `actor` (who grabs for the user, a service) travels with the grant to the ledger."""
+        `actor` (who grabs for the user, a service) travels with the grant to the ledger;
+        `passphrase` is what the user typed for a packet that asks for one."""
         require_user_id(user_id)
         if actor is not None:
             require_user_id(actor, "actor")
         keys = self.keys_of(packet_id)
+        digests = None
+        if passphrase is not None:
+            digests = grab_digests(self.passphrase_keys, packet_id, passphrase)
         submit = self.coalescer.submit
-        status, seq, amount, at = await submit(keys, user_id, actor)
+        status, seq, amount, at = await submit(keys, user_id, actor, digests)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL
             loaded, record = await self._loaded(packet_id)
             if loaded:
-                status, seq, amount, at = await submit(keys, user_id, actor)
+                status, seq, amount, at = await submit(keys, user_id, actor, digests)
             if status is _UNKNOWN:
                 return await self._grab_from_ledger(record, packet_id, user_id)
-        if not seq:  # the user holds no share
-            raise _refusal(packet_id, status)
+        if not seq:  # the user holds no share (for some refusals `at` is the wait, ms)
+            raise _refusal(packet_id, status, at)
         if self.durability.waits:
             await self.durability.confirm(keys, user_id, ClaimValue(seq, amount, at))
         first = status is _GRANTED
@@ -260,8 +304,37 @@ class Hongbao:
                 return GrabResult(
                     packet_id, user_id, row.amount, seq_of(row.share_idx), False, ms(row.claimed_at)
                 )
+        if record.status == PacketStatus.CANCELLED:
+            raise PacketCancelled(f"packet {packet_id} was cancelled")
         if record.claimed_count >= record.count:
             raise PacketExhausted(f"packet {packet_id} has no shares left")
+        raise PacketExpired(f"packet {packet_id} has expired")
+
+    # -- cancelling -----------------------------------------------------------------
+
+    async def cancel(self, packet_id: str, by: str, *, admin: bool = False) -> Packet:
+        """Close an open packet at once and refund what is left to its sender, through
+        the refund event and the persister, as at expiry. Only its sender (`by`) or an
+        admin may. Cancelling again answers the same packet; a packet that expired or
+        ran out first cannot be cancelled (PacketExpired, PacketExhausted)."""
+        record = await self._record(packet_id)
+        if by != record.sender_id and not admin:
+            raise Forbidden("only the packet's sender or an admin may cancel it")
+        keys = self.keys_of(packet_id)
+        retention_ms = self.settings.retention_seconds * 1000
+        status, left, _ = await self.store.cancel_packet(keys, record.sender_id, retention_ms)
+        if status == NOT_IN_REDIS and await self.ensure_loaded(packet_id):
+            status, left, _ = await self.store.cancel_packet(keys, record.sender_id, retention_ms)
+        if status == NOT_IN_REDIS:  # closed long ago: the ledger says how
+            fresh = await self.ledger.get_packet(packet_id) or record
+            if fresh.status == PacketStatus.CANCELLED:
+                status = CANCELLED_BEFORE
+            elif fresh.status == PacketStatus.EXHAUSTED:
+                status = EXHAUSTED
+        if status in (CANCELLED_NOW, CANCELLED_BEFORE):
+            return await self.packet(packet_id)
+        if status == EXHAUSTED or (status == CLOSED_AT_EXPIRY and left == 0):
+            raise PacketExhausted(f"packet {packet_id} has no shares left to give back")
         raise PacketExpired(f"packet {packet_id} has expired")
 
     # -- reading ------------------------------------------------------------------
@@ -275,6 +348,7 @@ class Hongbao:
         live = await self.live_status(packet_id)
         if live is None and await self.ensure_loaded(packet_id):
             live = await self.live_status(packet_id)
+        rules = await self._rules_of(packet_id)
         if live is not None:
             status = _live_status(live)
             left_count, left_amount = live.shares_left, live.amount_left
@@ -299,7 +373,20 @@ class Hongbao:
             created_at=record.created_at,
             expires_at=record.expires_at,
             refunded_amount=refunded,
+            starts_at=rules.starts_at,
+            audience_size=rules.audience_size,
+            passphrase=rules.passphrase_hash is not None,
         )
+
+    async def audience(self, packet_id: str) -> list[str]:
+        """The users a packet is for, by id (empty: anyone may grab)."""
+        await self._record(packet_id)
+        return await self.ledger.audience_of(packet_id)
+
+    async def in_audience(self, packet_id: str, user_id: str) -> bool:
+        """Whether a packet's audience names the user (False for a packet without one)."""
+        await self._record(packet_id)
+        return await self.ledger.in_audience(packet_id, user_id)
 
     async def claims(
         self, packet_id: str, *, limit: int | None = None, after: ClaimPosition | None = None
@@ -370,7 +457,7 @@ class Hongbao:
             (c.user_id, ClaimValue.of_share(c.share_idx, c.amount, ms(c.claimed_at)))
             for c in claimed
         ]
-        await self._load(record, unclaimed, earlier)
+        await self._load(record, unclaimed, earlier, await self.ledger.packet_rules(packet_id))
         return True, record
 
     async def recover(self) -> int:
@@ -388,6 +475,7 @@ class Hongbao:
         record: PacketRecord,
         shares: list[tuple[int, int]],
         claims: list[tuple[str, ClaimValue]],
+        rules: PacketRules = NO_RULES,
     ) -> bool:
         keep_until = ms(record.expires_at) + self.settings.retention_seconds * 1000
         return await self.store.load_packet(
@@ -396,6 +484,7 @@ class Hongbao:
             keep_until_ms=keep_until,
             shares=shares,
             claims=claims,
+            rules=rules,
         )
 
     async def _record(self, packet_id: str) -> PacketRecord:
@@ -412,9 +501,23 @@ class Hongbao:
                 self._records.popitem(last=False)
         return record
 
+    async def _rules_of(self, packet_id: str) -> PacketRules:
+        """A packet's rules without its audience's users (cached, like `_record`)."""
+        rules = self._rules.get(packet_id)
+        if rules is None:
+            rules = (await self.ledger.packet_rules(packet_id, audience=False)).summary()
+            self._rules[packet_id] = rules
+            if len(self._rules) > _RECORD_CACHE:
+                self._rules.popitem(last=False)
+        return rules
 
-def _refusal(packet_id: str, status: GrabStatus) -> HongbaoError:
-    """Why a grab that got no share was turned away."""
+
+def _refusal(packet_id: str, status: GrabStatus, wait_ms: int) -> HongbaoError:
+    """Why a grab that got no share was turned away (`wait_ms`: how long until it may
+    succeed, for the refusals that end by themselves)."""
+    by_rule = rule_refusal(packet_id, status, wait_ms)
+    if by_rule is not None:
+        return by_rule
     if status is GrabStatus.EXHAUSTED:
         return PacketExhausted(f"packet {packet_id} has no shares left")
     if status is GrabStatus.EXPIRED:
@@ -433,6 +536,8 @@ def _grab_order(claim: Claim) -> ClaimPosition:
 
 
 def _live_status(live: LiveStatus) -> PacketStatus:
+    if live.cancelled:
+        return PacketStatus.CANCELLED
     if live.shares_left == 0 and live.amount_left == 0:
         return PacketStatus.EXHAUSTED
     if live.closed_at_ms or live.now_ms >= live.expires_at_ms:

@@ -125,6 +125,12 @@ class Settings:
     #: a user's requests allowed in a burst above the steady rate (an address may burst
     #: one second's worth of its rate, or this, whichever is more)
     rate_limit_burst: int = field(default=20, metadata=between(1, 1_000_000))
+    #: packets one sender may send per UTC day (0: no limit)
+    max_sends_per_day: int = field(default=1_000, metadata=between(0, 1_000_000_000))
+    #: fen one sender may send per UTC day (0: no limit); the default is 10 million yuan
+    max_sent_per_day: int = field(
+        default=1_000_000_000, metadata=between(0, 1_000_000_000_000_000_000)
+    )
     #: run on a Redis whose maxmemory-policy may evict keys (it may drop a packet's
     #: keys under memory pressure): a loud warning instead of a refusal
     allow_eviction: bool = False

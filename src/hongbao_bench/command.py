@@ -24,9 +24,9 @@ Scenarios = Annotated[
     typer.Option(
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
-        "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-http, designs, memory, micro, "
-        "history, hongbao-cluster (default: all; hongbao-cluster needs a redis+cluster:// "
-        "URL).",
+        "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-rules, hongbao-http, designs, "
+        "memory, micro, history, hongbao-cluster (default: all; hongbao-cluster needs a "
+        "redis+cluster:// URL).",
         show_default=False,
     ),
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ OURS = frozenset(
         "hongbao",
         "hongbao-spread",
         "ack-modes",
+        "hongbao-rules",
         "hongbao-http",
         "memory",
         "history",
@@ -100,14 +101,16 @@ class BenchContext:
         return admin_for(self.redis_url)
 
     def settings(self, max_count: int = 0, **overrides: Any) -> Settings:
-        """Service settings on the bench's servers (packets up to `max_count` shares)."""
+        """Service settings on the bench's servers (packets up to `max_count` shares; no
+        sender limits: one sender sends every packet of the bench)."""
         biggest = max(max_count, self.profile.hb_shares, MEMORY_SHARES)
+        unlimited = {"max_sends_per_day": 0, "max_sent_per_day": 0}
         return Settings.from_env(
             {},
             redis_url=self.redis_url,
             database_url=self.database_url,
             split_limits=SplitLimits(max_count=biggest),
-            **overrides,
+            **{**unlimited, **overrides},
         )
 
 
@@ -138,14 +141,28 @@ def free_port() -> int:
 
 
 async def send_packets(
-    service: Hongbao, packets: int, shares: int, rng: random.Random
+    service: Hongbao,
+    packets: int,
+    shares: int,
+    rng: random.Random,
+    audiences: Sequence[Sequence[str]] | None = None,
+    passphrase: str | None = None,
 ) -> dict[str, list[int]]:
-    """Open `packets` lucky packets of `shares` shares; packet id -> share amounts."""
+    """Open `packets` lucky packets of `shares` shares, packet j for audiences[j] when
+    given, each with `passphrase` when given; packet id -> share amounts."""
     out: dict[str, list[int]] = {}
-    for _ in range(packets):
+    for j in range(packets):
         total = shares * rng.randint(100, 300)
         await service.deposit(SENDER, total)
-        packet = await service.send(SENDER, total, shares, "lucky", expires_in=3_600)
+        packet = await service.send(
+            SENDER,
+            total,
+            shares,
+            "lucky",
+            expires_in=3_600,
+            audience=None if audiences is None else audiences[j],
+            passphrase=passphrase,
+        )
         out[packet.id] = [amount for _, amount in await service.ledger.shares_of(packet.id)]
     return out
 

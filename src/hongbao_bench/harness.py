@@ -159,10 +159,16 @@ class Storm:
 
 
 async def engine_storm(
-    service: Hongbao, packet_ids: Sequence[str], names: Sequence[str], first_id: int, tasks: int
+    service: Hongbao,
+    packet_ids: Sequence[str],
+    names: Sequence[str],
+    first_id: int,
+    tasks: int,
+    passphrase: str | None = None,
 ) -> Storm:
     """Grab k = 0 .. len(names)-1 by `tasks` concurrent grabbers: user names[k] (id
-    first_id + k) grabs packet_ids[k % len(packet_ids)], each grab timed.
+    first_id + k) grabs packet_ids[k % len(packet_ids)], each grab timed; with
+    `passphrase`, every grab sends it.
 
     Each grab's outcome goes into slot k of lists made beforehand, and `answers` is
     built afterwards: the bench's own bookkeeping adds no tuple and no list growth to
@@ -178,7 +184,10 @@ async def engine_storm(
         for k in queue:
             started = clock()
             try:
-                won[k] = (await grab(packet_ids[k % hot], names[k])).amount
+                if passphrase is None:
+                    won[k] = (await grab(packet_ids[k % hot], names[k])).amount
+                else:
+                    won[k] = (await grab(packet_ids[k % hot], names[k], None, passphrase)).amount
             except (PacketExhausted, PacketExpired, PacketNotFound) as exc:
                 storm.refusals[type(exc).__name__] += 1
             except HongbaoError as exc:  # StorageError...: a failure, not a refusal

@@ -306,6 +306,8 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         HONGBAO_SECRET=secret,
         HONGBAO_RATE_LIMIT_USER="0",
         HONGBAO_RATE_LIMIT_IP="0",
+        HONGBAO_MAX_SENDS_PER_DAY="0",
+        HONGBAO_MAX_SENT_PER_DAY="0",
         PYTHONUNBUFFERED="1",
     )
     # enough distinct users (and shares) for the measured run at a generous rate

@@ -6,8 +6,8 @@ Scenario names (``--scenarios``), in the order they run:
 
 * ``seed-baseline``, ``redis-benchmark``: seed 002's client and its script under
   ``redis-benchmark`` (`hongbao_bench.seed_scenarios`);
-* ``hongbao``, ``hongbao-nocoalesce``, ``hongbao-spread``, ``ack-modes``: the engine's
-  grab path (`hongbao_bench.engine_scenario`);
+* ``hongbao``, ``hongbao-nocoalesce``, ``hongbao-spread``, ``ack-modes``,
+  ``hongbao-rules``: the engine's grab path (`hongbao_bench.engine_scenario`);
 * ``hongbao-http``: ``hongbao serve --workers 2`` loaded by ``wrk`` (64 connections), and
   the hello-world ceiling of the same uvicorn setup, in alternating slices of the same run
   (`hongbao_bench.http_scenario`);
@@ -31,7 +31,13 @@ from collections.abc import Awaitable, Callable
 
 from hongbao_bench.cluster_scenario import cluster_scenario
 from hongbao_bench.common import BenchContext, Outcome
-from hongbao_bench.engine_scenario import ack_modes, hongbao, hongbao_nocoalesce, hongbao_spread
+from hongbao_bench.engine_scenario import (
+    ack_modes,
+    hongbao,
+    hongbao_nocoalesce,
+    hongbao_rules,
+    hongbao_spread,
+)
 from hongbao_bench.history_scenario import history_scenario
 from hongbao_bench.http_scenario import hongbao_http
 from hongbao_bench.memory import memory_scenario
@@ -48,6 +54,7 @@ RUNNERS: dict[str, Runner] = {
     "hongbao-nocoalesce": hongbao_nocoalesce,
     "hongbao-spread": hongbao_spread,
     "ack-modes": ack_modes,
+    "hongbao-rules": hongbao_rules,
     "hongbao-http": hongbao_http,
     "designs": designs,
     "memory": memory_scenario,

@@ -548,6 +548,7 @@ async def test_health_ready_metrics_openapi(client: httpx.AsyncClient) -> None:
         "/v1/packets/{packet_id}",
         "/v1/packets/{packet_id}/grab",
         "/v1/packets/{packet_id}/claims",
+        "/v1/packets/{packet_id}/cancel",
         "/v1/packets/{packet_id}/events",
         "/v1/packets/{packet_id}/events/ticket",
         "/v1/admin/users/{user_id}/revoke-tokens",

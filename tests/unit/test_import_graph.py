@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "hongbao.dead_letters",
             "hongbao.metrics",
             "hongbao.runtime",
+            "hongbao.rules",
         ],
     ),
     ("identity", ["hongbao.identity."]),

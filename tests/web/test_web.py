@@ -582,3 +582,123 @@ def test_my_red_packets_received_and_sent_by_year(
     # another user's record is not shown to her
     r = httpx.get(f"{server.url}/v1/users/demo-sam/received", headers=auth("rita"))
     assert r.status_code == 403
+
+
+# -- packet rules: an exclusive packet, the passphrase box, the countdown, cancelling ------
+
+#: a local datetime-local value `seconds` from now, as the page's own clock says
+LOCAL_SOON = """(seconds) => {
+  const d = new Date(Date.now() + seconds * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())}` +
+    `T${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+}"""
+
+
+def open_rules(page: Any) -> None:
+    page.locator("details#rules summary").click()
+
+
+def visit(b: Any, made: list[Any], link: str, name: str, locale: str = "zh-CN") -> Any:
+    page = phone(b, made, locale)
+    page.goto(link)
+    sign_in(page, name)
+    return page
+
+
+def test_exclusive_packet_only_its_person_opens(
+    browser: Any, server: Serve, contexts: list[Any]
+) -> None:
+    from playwright.sync_api import expect
+
+    sender = phone(browser, contexts)
+    sender.goto(server.url + "/")
+    sign_in(sender, "ex-ann")
+    open_rules(sender)
+    sender.get_by_test_id("who-one").check()
+    sender.get_by_test_id("one-user").fill("ex-bob")
+    shot(sender, "10-send-exclusive")
+    link = send_packet(sender, "6.66", 1, "只给你")
+    expect(sender.get_by_test_id("rules-summary")).to_contain_text("demo-ex-bob")
+
+    stranger = visit(browser, contexts, link, "ex-eve", "en-US")
+    expect(stranger.get_by_test_id("for-you")).to_have_text("This red packet is for someone else")
+    stranger.get_by_test_id("open").click()
+    expect(stranger.get_by_test_id("outcome")).to_have_text("This red packet is for someone else.")
+    expect(stranger.get_by_test_id("my-amount")).to_be_hidden()
+
+    bob = visit(browser, contexts, link, "ex-bob")
+    expect(bob.get_by_test_id("for-you")).to_have_text("给你的专属红包")
+    shot(bob, "11-exclusive-for-you")
+    bob.get_by_test_id("open").click()
+    expect(bob.get_by_test_id("my-amount")).to_have_text("¥6.66")
+    no_horizontal_scroll(bob)
+
+
+def test_passphrase_box(browser: Any, server: Serve, contexts: list[Any]) -> None:
+    from playwright.sync_api import expect
+
+    sender = phone(browser, contexts)
+    sender.goto(server.url + "/")
+    sign_in(sender, "pp-ann")
+    open_rules(sender)
+    sender.get_by_test_id("passphrase").fill("芝麻开门")
+    link = send_packet(sender, "3.00", 3, "口令红包", mode="equal")
+    expect(sender.get_by_test_id("rules-summary")).to_contain_text("需要口令")
+
+    bob = visit(browser, contexts, link, "pp-bob")
+    box = bob.get_by_test_id("phrase")
+    expect(box).to_be_visible()
+    box.fill("芝麻")
+    bob.get_by_test_id("open").click()
+    expect(bob.get_by_test_id("outcome")).to_have_text("口令不对，请再试一次。")
+    shot(bob, "12-wrong-passphrase")
+    expect(bob.get_by_test_id("outcome")).to_be_hidden()  # a moment later: try again
+    box.fill("芝麻开门")
+    bob.get_by_test_id("open").click()
+    expect(bob.get_by_test_id("my-amount")).to_have_text("¥1.00")
+    expect(bob.get_by_test_id("phrase")).to_be_hidden()
+    no_horizontal_scroll(bob)
+
+
+def test_countdown_then_open(browser: Any, server: Serve, contexts: list[Any]) -> None:
+    from playwright.sync_api import expect
+
+    sender = phone(browser, contexts, "en-US")
+    sender.goto(server.url + "/")
+    sign_in(sender, "cd-ann")
+    open_rules(sender)
+    sender.get_by_test_id("starts-at").fill(sender.evaluate(LOCAL_SOON, 6))
+    link = send_packet(sender, "2.00", 2, "At the stroke", mode="equal")
+
+    bob = visit(browser, contexts, link, "cd-bob", "en-US")
+    countdown = bob.get_by_test_id("countdown")
+    expect(countdown).to_have_text(re.compile(r"^Opens in 00:0[1-6]$"))
+    expect(bob.get_by_test_id("open")).to_be_disabled()
+    shot(bob, "13-countdown")
+    expect(countdown).to_be_hidden(timeout=10_000)
+    expect(bob.get_by_test_id("open")).to_be_enabled()
+    bob.get_by_test_id("open").click()
+    expect(bob.get_by_test_id("my-amount")).to_have_text("¥1.00")
+
+
+def test_sender_cancels(browser: Any, server: Serve, contexts: list[Any]) -> None:
+    from playwright.sync_api import expect
+
+    sender = phone(browser, contexts)
+    sender.goto(server.url + "/")
+    sign_in(sender, "cx-ann")
+    link = send_packet(sender, "5.00", 5, "发错了", mode="equal")
+    bob = visit(browser, contexts, link, "cx-bob")
+    bob.get_by_test_id("open").click()
+    expect(bob.get_by_test_id("my-amount")).to_have_text("¥1.00")
+    sender.on("dialog", lambda dialog: dialog.accept())
+    sender.get_by_test_id("cancel").click()
+    expect(sender.get_by_test_id("outcome")).to_have_text("红包已撤回。 ¥4.00 已退回发红包的人。")
+    expect(sender.get_by_test_id("cancel")).to_be_hidden()
+    shot(sender, "14-cancelled")
+    carol = visit(browser, contexts, link, "cx-carol")
+    expect(carol.get_by_test_id("outcome")).to_have_text("红包已被撤回。 ¥4.00 已退回发红包的人。")
+    expect(carol.get_by_test_id("open")).to_be_hidden()
+    sender.goto(server.url + "/")
+    expect(sender.get_by_test_id("balance")).to_have_text("¥99.00")

@@ -21,10 +21,13 @@ from hongbao.errors import (
     InsufficientBalance,
     InvalidRequest,
     NotFound,
+    NotStarted,
+    PacketCancelled,
     PacketExhausted,
     PacketExpired,
     PacketNotFound,
     RateLimited,
+    RetryLater,
     StorageError,
 )
 
@@ -42,6 +45,8 @@ STATUS: list[tuple[type[HongbaoError], int]] = [
     (NotFound, 404),
     (PacketExhausted, 410),
     (PacketExpired, 410),
+    (PacketCancelled, 410),
+    (NotStarted, 409),
     (InsufficientBalance, 409),
     (IdempotencyConflict, 409),
     (RateLimited, 429),
@@ -115,7 +120,7 @@ def domain_problem(exc: HongbaoError) -> Response:
     headers: dict[str, str] | None = None
     if isinstance(exc, AuthError):
         headers = {"WWW-Authenticate": 'Bearer realm="hongbao"'}
-    elif isinstance(exc, RateLimited):
+    elif isinstance(exc, RetryLater):
         headers = {"Retry-After": exc.retry_after_header}
     elif status == 503:
         headers = {"Retry-After": "1"}

@@ -7,6 +7,9 @@ straight to `Api.grab_answer`, the same code the routed endpoint runs. A granted
 200 is sent as two ASGI messages built here, with the headers every response carries
 (see docs/performance.md for what a Starlette Response object would cost). Everything
 else, and any path it does not recognise exactly, goes on to the router unchanged.
+
+A grab has no body, except one that sends a packet's passphrase: only a request whose
+headers announce a body has it read (up to MAX_BODY), and checked after the token.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hongbao.api.headers import SECURITY_HEADERS
-from hongbao.api.routes import Api
+from hongbao.api.routes import MAX_BODY, Api, GrabBody, has_body
 
 _PREFIX = "/v1/packets/"
 _SUFFIX = "/grab"
@@ -32,17 +35,29 @@ class GrabFastPath:
         if packet_id is None:
             await self.app(scope, receive, send)
             return
-        authorization = on_behalf_of = None
+        authorization = on_behalf_of = length = encoding = content_type = None
         for name, value in scope["headers"]:
             # the first of each, as Starlette's headers.get
             if name == b"authorization":
                 if authorization is None:
                     authorization = value.decode("latin-1")
-            elif name == b"x-on-behalf-of" and on_behalf_of is None:
-                on_behalf_of = value.decode("latin-1")
+            elif name == b"content-length":
+                if length is None:
+                    length = value.decode("latin-1")
+            elif name == b"x-on-behalf-of":
+                if on_behalf_of is None:
+                    on_behalf_of = value.decode("latin-1")
+            elif name == b"content-type":
+                if content_type is None:
+                    content_type = value.decode("latin-1")
+            elif name == b"transfer-encoding" and encoding is None:
+                encoding = value.decode("latin-1")
+        body = None
+        if has_body(length, encoding):
+            body = GrabBody(content_type or "", await _read_body(receive))
         client = scope.get("client")
         answer = await self.api.grab_answer(
-            packet_id, authorization, client[0] if client else None, on_behalf_of
+            packet_id, authorization, client[0] if client else None, on_behalf_of, body
         )
         if isinstance(answer, bytes):
             # in the order a Starlette Response given these headers sends them
@@ -64,3 +79,21 @@ def _grab_target(scope: Scope) -> str | None:
     if not packet_id or "/" in packet_id:
         return None  # the router's {packet_id} matches one non-empty path segment
     return packet_id
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request's body; None once it passes MAX_BODY (the rest is left unread)."""
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away: what came is all there is
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)

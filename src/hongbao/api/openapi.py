@@ -23,6 +23,7 @@ from hongbao.api.schemas import (
     DemoTokenOut,
     DepositRequest,
     GrabOut,
+    GrabRequest,
     Health,
     PacketOut,
     Problem,
@@ -41,6 +42,7 @@ REF = "#/components/schemas/{model}"
 _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (DepositRequest, "validation"),
     (SendRequest, "validation"),
+    (GrabRequest, "validation"),
     (WalletOut, "serialization"),
     (PacketOut, "serialization"),
     (GrabOut, "serialization"),
@@ -58,14 +60,25 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
 _ERRORS = {
     400: "the body is declared JSON but is not valid JSON (`malformed_json`)",
     401: "missing, malformed, forged, expired or revoked bearer token (`unauthorized`)",
-    403: "not allowed for this caller, or X-On-Behalf-Of without the service role (`forbidden`)",
+    403: (
+        "not allowed for this caller, or X-On-Behalf-Of without the service role "
+        "(`forbidden`); a grab the packet's rules refuse: `not_in_audience`, "
+        "`wrong_passphrase`"
+    ),
     404: "no such packet (`packet_not_found`) or no such route (`not_found`)",
-    409: "`insufficient_balance`, or `idempotency_conflict` (same key, other body)",
-    410: "`packet_exhausted` or `packet_expired`",
+    409: (
+        "`insufficient_balance`, `idempotency_conflict` (same key, other body), or a grab "
+        "before the packet's start (`not_started`; see Retry-After)"
+    ),
+    410: "`packet_exhausted`, `packet_expired` or `packet_cancelled`",
     413: f"body over {MAX_BODY} bytes (`payload_too_large`)",
     415: "body is not JSON (`unsupported_media_type`)",
     422: "a field is invalid (`invalid_request`; `field` names it)",
-    429: "too many grabs or sends from this user or address (`rate_limited`; see Retry-After)",
+    429: (
+        "too many grabs or sends from this user or address (`rate_limited`), too many "
+        "wrong passphrases for this packet (`too_many_attempts`), or the sender's daily "
+        "limit reached (`send_limit_reached`); see Retry-After"
+    ),
     503: "Redis or the database is unreachable (`storage_unavailable`)",
 }
 
@@ -172,10 +185,21 @@ def build_openapi(
                 "grabPacket",
                 "Take one share; the same caller again gets the same share",
                 [packet, behalf],
-                None,
+                {**_body("GrabRequest"), "required": False},
                 200,
                 "GrabOut",
-                [401, 403, 404, 410, 422, 429, 503],
+                [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 503],
+            )
+        },
+        "/v1/packets/{packet_id}/cancel": {
+            "post": _op(
+                "cancelPacket",
+                "Close the packet now and refund what is left (its sender or an admin)",
+                [packet, behalf],
+                None,
+                200,
+                "PacketOut",
+                [401, 403, 404, 410, 422, 503],
             )
         },
         "/v1/packets/{packet_id}/claims": {

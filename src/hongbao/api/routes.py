@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -26,6 +27,7 @@ from hongbao.api.errors import ApiError, error_response, problem
 from hongbao.api.headers import SECURITY_HEADER_TEXT
 from hongbao.api.schemas import (
     DepositRequest,
+    GrabRequest,
     SendRequest,
     claims_json,
     claims_position,
@@ -35,17 +37,24 @@ from hongbao.api.schemas import (
     wallet_json,
 )
 from hongbao.domain.ids import valid_user_id
+from hongbao.domain.models import Packet
 from hongbao.domain.moments import from_ms
+from hongbao.domain.rules import parse_time
 from hongbao.errors import (
     AuthError,
     Forbidden,
     HongbaoError,
     InvalidRequest,
+    NotInAudience,
+    NotStarted,
+    PacketCancelled,
     PacketExhausted,
     PacketExpired,
     PacketNotFound,
     RateLimited,
     StorageError,
+    TooManyAttempts,
+    WrongPassphrase,
 )
 from hongbao.identity.gate import Identity
 from hongbao.identity.principal import Principal
@@ -64,6 +73,23 @@ MAX_CLAIMS_PAGE = 1_000
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 PING_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class GrabBody:
+    """A grab request's body as received, checked only once the caller is known."""
+
+    #: the Content-Type header ("" when absent)
+    content_type: str
+    #: the bytes, None when they passed MAX_BODY (the rest was not read)
+    data: bytes | None
+
+
+def has_body(content_length: str | None, transfer_encoding: str | None) -> bool:
+    """Whether a request's headers announce a body (a grab usually has none)."""
+    if transfer_encoding is not None:
+        return True
+    return content_length is not None and content_length.strip() not in ("", "0")
 
 
 class Api:
@@ -92,6 +118,7 @@ class Api:
             Route("/v1/packets", self.send, methods=["POST"]),
             Route("/v1/packets/{packet_id}", self.packet, methods=["GET"]),
             Route("/v1/packets/{packet_id}/claims", self.claims, methods=["GET"]),
+            Route("/v1/packets/{packet_id}/cancel", self.cancel, methods=["POST"]),
             Route("/v1/admin/users/{user_id}/revoke-tokens", self.revoke_tokens, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -146,6 +173,7 @@ class Api:
         await self.limit(ip, "send", caller.user_id)
         key = _idempotency_key(request)
         body = await read_json(request, SendRequest)
+        starts_at = None if body.starts_at is None else parse_time(body.starts_at, "starts_at")
         packet = await self.service.send(
             caller.user_id,
             body.total_amount,
@@ -155,21 +183,58 @@ class Api:
             body.expires_in if "expires_in" in body.model_fields_set else None,
             idempotency_key=key,
             actor=caller.actor,
+            audience=body.audience,
+            passphrase=body.passphrase,
+            starts_at=starts_at,
         )
-        return JSONResponse(packet_json(packet), status_code=201)
+        return JSONResponse(await self._packet_json(packet, caller), status_code=201)
 
     async def packet(self, request: Request) -> Response:
-        await self.caller(request)
+        caller = await self.caller(request)
         packet = await self.service.packet(request.path_params["packet_id"])
-        return JSONResponse(packet_json(packet))
+        return JSONResponse(await self._packet_json(packet, caller))
+
+    async def cancel(self, request: Request) -> Response:
+        """Close the packet now and refund what is left (its sender or an admin)."""
+        caller = await self.caller(request)
+        packet = await self.service.cancel(
+            request.path_params["packet_id"], caller.user_id, admin=caller.admin
+        )
+        return JSONResponse(await self._packet_json(packet, caller))
+
+    async def _packet_json(self, packet: Packet, caller: Principal) -> dict[str, Any]:
+        """The packet's JSON: with an audience, whether it names the caller, and its users
+        for its sender and admins."""
+        if not packet.audience_size:
+            return packet_json(packet)
+        audience = None
+        if caller.user_id == packet.sender_id or caller.admin:
+            audience = await self.service.audience(packet.id)
+            for_you = caller.user_id in audience
+        else:
+            for_you = await self.service.in_audience(packet.id, caller.user_id)
+        return {**packet_json(packet, audience), "for_you": for_you}
 
     async def grab(self, request: Request) -> Response:
         """The route; `GrabFastPath` answers these requests before routing (same code below)."""
+        headers = request.headers
+        body = None
+        if has_body(headers.get("content-length"), headers.get("transfer-encoding")):
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    break
+                chunks.append(chunk)
+            data = b"".join(chunks) if size <= MAX_BODY else None
+            body = GrabBody(headers.get("content-type", ""), data)
         answer = await self.grab_answer(
             request.path_params["packet_id"],
-            request.headers.get("authorization"),
+            headers.get("authorization"),
             _client_ip(request),
-            request.headers.get("x-on-behalf-of"),
+            headers.get("x-on-behalf-of"),
+            body,
         )
         if isinstance(answer, Response):
             return answer
@@ -182,9 +247,11 @@ class Api:
         authorization: str | None,
         client_ip: str | None,
         on_behalf_of: str | None = None,
+        body: GrabBody | None = None,
     ) -> bytes | Response:
         """The hot path: a token check (a cache lookup for a token seen before) and one
-        Redis script; no SQL on success.
+        Redis script; no SQL on success. `body`, when the request has one, may carry the
+        packet's passphrase.
 
         A grab's answer is the JSON body of its 200 response; a refusal, the whole
         problem response (the fast path writes a 200 without a Response object)."""
@@ -193,8 +260,9 @@ class Api:
             caller = await self.identity.authenticate(authorization, on_behalf_of)
             actor = caller.actor
             await self.limit(client_ip if actor is None else None, "grab", caller.user_id)
-            result = await self.service.grab(packet_id, caller.user_id, actor)
-        except HongbaoError as exc:
+            passphrase = None if body is None else grab_passphrase(body)
+            result = await self.service.grab(packet_id, caller.user_id, actor, passphrase)
+        except (HongbaoError, ApiError) as exc:
             self.metrics.grabs.record(_outcome(exc), time.perf_counter() - started)
             return error_response(exc)
         outcome = "granted" if result.first else "repeat"
@@ -270,16 +338,39 @@ def _user_id(request: Request) -> str:
     return user_id
 
 
+def grab_passphrase(body: GrabBody) -> str | None:
+    """The passphrase a grab's body carries (None for none): 413 over 16 KiB, 415 unless
+    JSON, 400 for malformed JSON, 422 for any other field or a passphrase too long."""
+    if body.data is None:
+        raise _too_large()
+    _require_json(body.content_type)
+    grab = _validated(GrabRequest, parse_json(body.data))
+    return grab.passphrase
+
+
+def _require_json(content_type: str) -> None:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise ApiError(415, "unsupported_media_type", "the body must be application/json")
+
+
+def _validated(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field, detail = _describe(error)
+        raise InvalidRequest(detail, field) from None
+
+
 async def read_json(request: Request, model: type[M]) -> M:
     """The body as `model`: 413 over 16 KiB, 415 unless JSON, 422 naming the bad field."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY:
         raise _too_large()
-    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media_type != "application/json" and not (
-        media_type.startswith("application/") and media_type.endswith("+json")
-    ):
-        raise ApiError(415, "unsupported_media_type", "the body must be application/json")
+    _require_json(request.headers.get("content-type", ""))
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -287,13 +378,7 @@ async def read_json(request: Request, model: type[M]) -> M:
         if size > MAX_BODY:
             raise _too_large()
         chunks.append(chunk)
-    data = parse_json(b"".join(chunks))
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        field, detail = _describe(error)
-        raise InvalidRequest(detail, field) from None
+    return _validated(model, parse_json(b"".join(chunks)))
 
 
 def parse_json(body: bytes) -> Any:
@@ -317,7 +402,8 @@ def _too_large() -> ApiError:
 
 def _describe(error: ErrorDetails) -> tuple[str, str]:
     """The field and a sentence for the first thing wrong in a body."""
-    field = ".".join(str(part) for part in error["loc"]) or "body"
+    # an item of a list is named by the list ("audience", not "audience.3")
+    field = ".".join(str(part) for part in error["loc"] if not isinstance(part, int)) or "body"
     kind = error["type"]
     ctx = error.get("ctx") or {}
     if kind == "missing":
@@ -342,6 +428,12 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
         return field, f"{field} must be at most {ctx.get('max_length')} characters"
     if kind == "string_too_short":
         return field, f"{field} must be at least {ctx.get('min_length')} characters"
+    if kind == "too_long":
+        return field, f"{field} must have at most {ctx.get('max_length')} items"
+    if kind == "too_short":
+        return field, f"{field} must have at least {ctx.get('min_length')} item"
+    if kind == "list_type":
+        return field, f"{field} must be a list"
     if kind == "literal_error":
         return field, f"{field} must be one of {ctx.get('expected')}"
     if kind == "string_pattern_mismatch":
@@ -353,6 +445,8 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
 PATTERN_SENTENCES = {
     "greeting": "greeting may not contain control or text-direction characters",
     "name": "name must be 1-64 characters of letters, digits and _ . : @ -",
+    "audience": "audience must list user ids of 1-64 letters, digits and _ . : @ -",
+    "starts_at": "starts_at must be an RFC 3339 time with its offset",
 }
 
 
@@ -370,7 +464,12 @@ def _client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-def _outcome(exc: HongbaoError) -> str:
+def _outcome(exc: HongbaoError | ApiError) -> str:
+    if isinstance(exc, ApiError):
+        return "invalid"
+    named = _RULE_OUTCOMES.get(type(exc))
+    if named is not None:
+        return named
     if isinstance(exc, PacketExhausted):
         return "exhausted"
     if isinstance(exc, PacketExpired):
@@ -384,6 +483,16 @@ def _outcome(exc: HongbaoError) -> str:
     if isinstance(exc, InvalidRequest):
         return "invalid"
     return "error"
+
+
+#: grabs the packet's rules turned away, by outcome label
+_RULE_OUTCOMES: dict[type[HongbaoError], str] = {
+    NotInAudience: "not_in_audience",
+    WrongPassphrase: "wrong_passphrase",
+    TooManyAttempts: "too_many_attempts",
+    NotStarted: "not_started",
+    PacketCancelled: "cancelled",
+}
 
 
 async def _ping(check: Any) -> bool:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
 from hongbao.domain.models import ClaimPosition, ClaimsList, GrabResult, Packet, Wallet
+from hongbao.domain.rules import MAX_AUDIENCE, MAX_PASSPHRASE
 from hongbao.domain.text import GREETING_PATTERN, MAX_GREETING
 from hongbao.errors import InvalidRequest
 
@@ -24,6 +25,8 @@ MAX_DEPOSIT = 10_000_000_000
 UserId = Annotated[str, Field(pattern=USER_ID_PATTERN, examples=["alice"])]
 PacketId = Annotated[str, Field(pattern=PACKET_ID_PATTERN.pattern)]
 Fen = Annotated[int, Field(ge=0, description="an amount in fen (1 yuan = 100 fen)")]
+#: an RFC 3339 date-time with its offset (the service parses it)
+RFC3339_PATTERN = r"^\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)$"
 
 
 class _Strict(BaseModel):
@@ -45,7 +48,36 @@ class SendRequest(_Strict):
     )
     greeting: str = Field(default="", max_length=MAX_GREETING, pattern=GREETING_PATTERN)
     expires_in: int = Field(
-        default=86_400, ge=1, description="seconds until unclaimed money returns"
+        default=86_400,
+        ge=1,
+        description="seconds until unclaimed money returns (from starts_at, when given)",
+    )
+    audience: list[UserId] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_AUDIENCE,
+        description=(
+            "the only users who may grab (one makes an exclusive packet); count may not "
+            "exceed how many it names"
+        ),
+    )
+    passphrase: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PASSPHRASE,
+        description="a grab must send it; only a keyed digest of it is kept",
+    )
+    starts_at: str | None = Field(
+        default=None,
+        pattern=RFC3339_PATTERN,
+        description="RFC 3339 time grabs open, at most 7 days ahead",
+        examples=["2026-11-26T20:00:00+08:00"],
+    )
+
+
+class GrabRequest(_Strict):
+    passphrase: str | None = Field(
+        default=None, max_length=MAX_PASSPHRASE, description="the packet's passphrase"
     )
 
 
@@ -64,7 +96,7 @@ class PacketOut(BaseModel):
     count: int = Field(ge=1)
     mode: Literal["lucky", "equal"]
     greeting: str
-    status: Literal["active", "exhausted", "expired"]
+    status: Literal["active", "exhausted", "expired", "cancelled"]
     remaining_count: int = Field(ge=0)
     remaining_amount: Fen
     refunded_amount: Fen = Field(
@@ -72,6 +104,22 @@ class PacketOut(BaseModel):
     )
     created_at: datetime
     expires_at: datetime
+    # a packet's rules, each present only on a packet that has it
+    starts_at: datetime | None = Field(
+        default=None, description="when grabs open (a packet with a start time only)"
+    )
+    audience_size: int | None = Field(
+        default=None, ge=1, description="how many users it is for (a packet with an audience)"
+    )
+    audience: list[UserId] | None = Field(
+        default=None, description="the users it is for: shown to its sender and admins only"
+    )
+    for_you: bool | None = Field(
+        default=None, description="whether its audience names the caller (a packet with one)"
+    )
+    passphrase_required: bool | None = Field(
+        default=None, description="true on a packet whose grabs must send its passphrase"
+    )
 
 
 class GrabOut(BaseModel):
@@ -180,8 +228,10 @@ def wallet_json(wallet: Wallet) -> dict[str, Any]:
     return {"user_id": wallet.user_id, "balance": wallet.balance}
 
 
-def packet_json(p: Packet) -> dict[str, Any]:
-    return {
+def packet_json(p: Packet, audience: list[str] | None = None) -> dict[str, Any]:
+    """A packet's JSON; its rules' fields only when it has them, `audience` (its users)
+    only for those who may see it."""
+    out = {
         "id": p.id,
         "sender_id": p.sender_id,
         "total_amount": p.total_amount,
@@ -195,6 +245,15 @@ def packet_json(p: Packet) -> dict[str, Any]:
         "created_at": iso(p.created_at),
         "expires_at": iso(p.expires_at),
     }
+    if p.starts_at is not None:
+        out["starts_at"] = iso(p.starts_at)
+    if p.audience_size:
+        out["audience_size"] = p.audience_size
+        if audience is not None:
+            out["audience"] = audience
+    if p.passphrase:
+        out["passphrase_required"] = True
+    return out
 
 
 def grab_json(g: GrabResult) -> dict[str, Any]:

@@ -17,6 +17,8 @@ class PacketStatus(StrEnum):
     EXHAUSTED = "exhausted"
     #: expired with shares left; the remainder goes back to the sender
     EXPIRED = "expired"
+    #: closed early by its sender (or an admin); the remainder goes back to the sender
+    CANCELLED = "cancelled"
 
 
 class SplitMode(StrEnum):
@@ -49,6 +51,17 @@ class GrabStatus(IntEnum):
     EXHAUSTED = 3
     #: past expires_at by the Redis server's clock
     EXPIRED = 4
+    # 5 is the script's "this packet's data is unreadable", answered as a StorageError
+    #: the packet's audience does not name this user
+    NOT_IN_AUDIENCE = 6
+    #: the packet asks for a passphrase and the grab sent none or another
+    WRONG_PASSPHRASE = 7
+    #: locked out after too many wrong passphrases (the answer says for how long)
+    TOO_MANY_ATTEMPTS = 8
+    #: before the packet's start time (the answer says how long until it)
+    NOT_STARTED = 9
+    #: the packet was cancelled
+    CANCELLED = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +85,12 @@ class Packet:
     expires_at: datetime
     #: fen returned to the sender once the packet closed with shares left
     refunded_amount: int = 0
+    #: when grabs open (None: at once); `expires_at` counts from it
+    starts_at: datetime | None = None
+    #: how many users the packet is for (0: anyone may grab)
+    audience_size: int = 0
+    #: whether a grab must carry the packet's passphrase
+    passphrase: bool = False
 
 
 class GrabResult(NamedTuple):

@@ -18,6 +18,8 @@ Everything comes from ``HONGBAO_*`` environment variables (`IdentityConfig.from_
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -38,6 +40,9 @@ DEFAULT_ROLES_CLAIM = "roles"
 HMAC_ALGORITHMS = ("HS256",)
 ASYMMETRIC_ALGORITHMS = ("RS256", "ES256", "EdDSA")
 JWKS_SCHEMES = ("https://", "http://", "file://")
+#: what the secret is keyed with to make the passphrase key (a key of its own, so a
+#: passphrase digest is never a token signature and the reverse)
+PASSPHRASE_KEY_LABEL = b"hongbao packet passphrase key v1"
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,15 @@ class IdentityConfig:
                     f"HONGBAO_JWT_ALGORITHMS takes some of {', '.join(known)}, "
                     f"not {', '.join(unknown) or 'nothing'}"
                 )
+
+    def passphrase_keys(self) -> tuple[bytes, ...]:
+        """The keys of packet passphrases' digests (hongbao.domain.rules), derived from the
+        secret and then the previous secrets: digests made before a rotation still match
+        while the previous secret is listed."""
+        return tuple(
+            hmac.new(secret, PASSPHRASE_KEY_LABEL, hashlib.sha256).digest()
+            for secret in (self.secret, *self.previous_secrets)
+        )
 
     @property
     def public_keys(self) -> bool:

@@ -35,6 +35,7 @@ from hongbao.ledger.records import (
     to_db,
     utcnow,
 )
+from hongbao.ledger.rules import refund_status
 from hongbao.ledger.schema import packets
 
 
@@ -232,7 +233,7 @@ class _Changes:
             record,
             refunded_amount=record.refunded_amount + ev.amount,
             closed_at=ev.closed_at,
-            status="exhausted" if ev.amount == 0 else "expired",
+            status=refund_status(ev),
         )
         if ev.amount:
             self.refunds.append(ev)

@@ -68,6 +68,8 @@ class RefundEvent:
     amount: int
     shares_left: int
     closed_at: datetime
+    #: closed by a cancel, not at its expiry
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

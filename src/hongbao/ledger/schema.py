@@ -31,7 +31,7 @@ Reference = identifier(160)
 IdempotencyKey = identifier(IDEMPOTENCY_KEY_LENGTH)
 
 ENTRY_KINDS = ("deposit", "send", "claim", "refund")
-STATUSES = ("active", "exhausted", "expired")
+STATUSES = ("active", "exhausted", "expired", "cancelled")
 
 wallets = sa.Table(
     "hb_wallets",
@@ -91,7 +91,9 @@ packets = sa.Table(
         "claimed_amount + refunded_amount <= total_amount", name="ck_packet_conserved"
     ),
     sa.CheckConstraint("claimed_count <= count", name="ck_packet_claims_le_count"),
-    sa.CheckConstraint("status IN ('active', 'exhausted', 'expired')", name="ck_packet_status"),
+    sa.CheckConstraint(
+        "status IN ('active', 'exhausted', 'expired', 'cancelled')", name="ck_packet_status"
+    ),
     sa.UniqueConstraint("sender_id", "idempotency_key", name="uq_packet_idempotency"),
     sa.Index("ix_packets_status_expires", "status", "expires_at"),
     #: the packets a user sent, newest first, and (covering) a year's totals
@@ -152,4 +154,35 @@ history_marks = sa.Table(
     metadata,
     sa.Column("name", sa.String(32), primary_key=True),
     sa.Column("at", Timestamp, nullable=False),
+)
+
+#: a packet's rules, for the packets that have any (see hongbao.domain.rules)
+packet_rules = sa.Table(
+    "hb_packet_rules",
+    metadata,
+    sa.Column("packet_id", PacketId, sa.ForeignKey("hb_packets.id"), primary_key=True),
+    #: grabs open then (the packet's expires_at counts from it); NULL: at once
+    sa.Column("starts_at", Timestamp, nullable=True),
+    #: HMAC-SHA256 (hex) of the packet id and the passphrase; never the passphrase itself
+    sa.Column("passphrase_hash", sa.String(64), nullable=True),
+    #: users in hb_packet_audience for the packet; 0: anyone may grab
+    sa.Column("audience_size", sa.Integer, nullable=False, server_default="0"),
+)
+
+#: the users a packet with an audience is for
+packet_audience = sa.Table(
+    "hb_packet_audience",
+    metadata,
+    sa.Column("packet_id", PacketId, sa.ForeignKey("hb_packets.id"), primary_key=True),
+    sa.Column("user_id", UserId, primary_key=True),
+)
+
+#: what each sender sent on a UTC day, for the sender limits
+sender_days = sa.Table(
+    "hb_sender_days",
+    metadata,
+    sa.Column("sender_id", UserId, primary_key=True),
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("sends", sa.Integer, nullable=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
 )

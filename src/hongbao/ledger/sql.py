@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from hongbao.domain.rules import PacketRules, SendLimits
 from hongbao.errors import (
     ConfigurationError,
     IdempotencyConflict,
@@ -47,6 +48,13 @@ from hongbao.ledger.records import (
     packet_from_row,
     to_db,
     utcnow,
+)
+from hongbao.ledger.rules import (
+    audience_of,
+    count_send,
+    in_audience,
+    read_rules,
+    write_rules,
 )
 from hongbao.ledger.schema import (
     IDEMPOTENCY_KEY_LENGTH,
@@ -192,8 +200,12 @@ class SqlLedger:
         amounts: Sequence[int],
         idempotency_key: str | None,
         actor: str | None = None,
+        rules: PacketRules | None = None,
+        limits: SendLimits | None = None,
     ) -> tuple[PacketRecord, bool]:
-        """Debit the sender and write the packet and its shares, in one transaction.
+        """Debit the sender and write the packet, its shares and its `rules`, in one
+        transaction; with `limits`, the send is counted against the sender's day first
+        (SendLimitReached when it would pass one).
 
         With an idempotency key already used by this sender, nothing changes and the
         earlier packet is returned (created=False), unless the request differs. `actor`,
@@ -216,6 +228,10 @@ class SqlLedger:
                             "this Idempotency-Key was used before with a different request"
                         )
                     return found, False
+            if limits is not None and limits.any:
+                await count_send(
+                    conn, record.sender_id, record.total_amount, limits, record.created_at
+                )
             debited = await conn.execute(
                 wallets.update()
                 .where(
@@ -259,6 +275,8 @@ class SqlLedger:
             rows = [{"packet_id": record.id, "idx": i, "amount": a} for i, a in enumerate(amounts)]
             for chunk in chunks(rows, 2000):
                 await conn.execute(shares.insert(), list(chunk))
+            if rules is not None:
+                await write_rules(conn, record.id, rules)
             return record, True
 
         return await self._transaction(work)
@@ -269,6 +287,21 @@ class SqlLedger:
                 await conn.execute(sa.select(*PACKET_COLUMNS).where(packets.c.id == packet_id))
             ).first()
         return packet_from_row(row) if row is not None else None
+
+    async def packet_rules(self, packet_id: str, *, audience: bool = True) -> PacketRules:
+        """A packet's rules (NO_RULES without any); its audience's users if `audience`."""
+        async with self._connect() as conn:
+            return await read_rules(conn, packet_id, audience=audience)
+
+    async def audience_of(self, packet_id: str) -> list[str]:
+        """The users a packet is for, by id (empty: anyone may grab)."""
+        async with self._connect() as conn:
+            return await audience_of(conn, packet_id)
+
+    async def in_audience(self, packet_id: str, user_id: str) -> bool:
+        """Whether a packet's audience names the user."""
+        async with self._connect() as conn:
+            return await in_audience(conn, packet_id, user_id)
 
     async def shares_of(self, packet_id: str) -> list[tuple[int, int]]:
         """All (index, amount) shares of a packet, in index order."""

@@ -4,13 +4,15 @@ The Lua scripts write the same forms; their headers name them:
 
 - a **share** in a packet's shares list is one integer, ``index * 2^32 + amount``;
 - a **claim** in a packet's claims hash is the text ``"seq:amount:claimed_at_ms"``;
-- a **grabber** sent to grab.lua is a user id, or ``"user=actor"`` when a service
-  (the actor) grabs for the user (user ids hold no ``=`` and no space);
+- a **grabber** sent to grab.lua is a user id, then ``=actor`` when a service (the
+  actor) grabs for the user, then ``/digests`` when the grab carries a passphrase (its
+  digests, ``,``-separated; user ids hold no ``=``, ``/``, ``,`` and no space);
 - an entry of a bucket's event stream is either **grants** ``{k=g, p=packet,
   c="user seq:amount:claimed_at_ms[ actor]" lines}`` (the grants of one packet in one
   script call; the actor only on grants made for a user by a service) or a
   **refund** ``{k=r, p=packet, s=sender, a=amount, n=shares left, t=closed_at_ms}``
-  (a closed packet's remainder going back to its sender).
+  (a closed packet's remainder going back to its sender), with ``x=c`` when the
+  packet was cancelled rather than expired.
 
 The persister, the audit and recovery decode entries with `decode_entry`.
 """
@@ -26,11 +28,15 @@ from hongbao.domain.models import index_of, seq_of
 SHARE_PACK = 1 << 32
 #: between a user and the actor grabbing for them, in a grabber
 ACTOR_MARK = "="
+#: before a grab's passphrase digests, in a grabber
+ATTEMPT_MARK = "/"
 
 
-def grabber(user_id: str, actor: str | None) -> str:
-    """What grab.lua is sent for one grab: the user id, with ``=actor`` when there is one."""
-    return user_id if actor is None else f"{user_id}{ACTOR_MARK}{actor}"
+def grabber(user_id: str, actor: str | None, digests: str | None = None) -> str:
+    """What grab.lua is sent for one grab: the user id, with ``=actor`` when there is one,
+    and ``/digests`` when the grab carries a passphrase."""
+    text = user_id if actor is None else f"{user_id}{ACTOR_MARK}{actor}"
+    return text if digests is None else f"{text}{ATTEMPT_MARK}{digests}"
 
 
 def pack_share(index: int, amount: int) -> int:
@@ -86,6 +92,8 @@ class Refund:
     amount: int
     shares_left: int
     closed_at_ms: int
+    #: closed by a cancel, not at its expiry
+    cancelled: bool = False
 
 
 StreamEntry = Grants | Refund
@@ -121,7 +129,12 @@ def decode_entry(fields: dict[str, str]) -> StreamEntry:
             grants = Grants(fields["p"], [(fields["u"], ClaimValue.parse(fields["c"]))])
         elif kind == "r":
             refund = Refund(
-                fields["p"], fields["s"], int(fields["a"]), int(fields["n"]), int(fields["t"])
+                fields["p"],
+                fields["s"],
+                int(fields["a"]),
+                int(fields["n"]),
+                int(fields["t"]),
+                fields.get("x") == "c",
             )
             if refund.amount < 0 or refund.shares_left < 0:
                 raise ValueError("negative refund")

@@ -16,6 +16,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hongbao.domain.models import GrabStatus
+from hongbao.domain.rules import NO_RULES, PacketRules
 from hongbao.errors import ConfigurationError, StorageError
 from hongbao.keys import (
     PERSISTER_GROUP,
@@ -34,10 +35,14 @@ RedisClient = aioredis.Redis | RedisCluster
 
 log = logging.getLogger("hongbao.storage")
 
-#: GrabStatus by script return code, without an Enum call per grab
-_STATUSES = tuple(GrabStatus)
 #: grab.lua's code for a grab of a packet whose keys it could not read
 UNREADABLE = 5
+#: GrabStatus by script return code, without an Enum call per grab (UNREADABLE, which
+#: is no GrabStatus, holds a place that is never read)
+_STATUSES = tuple(
+    GrabStatus(code) if code != UNREADABLE else GrabStatus.UNKNOWN
+    for code in range(max(GrabStatus) + 1)
+)
 
 #: the oldest Redis the scripts run on (grab.lua pops with LPOP key count)
 MIN_SERVER = (6, 2)
@@ -64,7 +69,8 @@ def read_lua(name: str) -> str:
 
 #: one grab's outcome, flat: its status, then the seq, amount and claimed_at_ms of the
 #: user's claim, all three 0 when the user holds no share (seqs start at 1): one tuple a
-#: grab, nothing to build or unpack on the hot path
+#: grab, nothing to build or unpack on the hot path. For NOT_STARTED and
+#: TOO_MANY_ATTEMPTS the last is the milliseconds to wait instead.
 Answer = tuple[GrabStatus, int, int, int]
 
 
@@ -81,6 +87,8 @@ class LiveStatus:
     expires_at_ms: int
     closed_at_ms: int
     now_ms: int
+    #: closed by a cancel (closed_at_ms is then when)
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,7 @@ class RedisStore:
         self.lua_load = self._script("load")
         self.lua_grab = self._script("grab")
         self.lua_close = self._script("close")
+        self.lua_cancel = self._script("cancel")
         self.lua_status = self._script("status")
         self.lua_snapshot = self._script("snapshot")
         self.lua_restore_claims = self._script("restore_claims")
@@ -209,20 +218,41 @@ class RedisStore:
         keep_until_ms: int,
         shares: Sequence[tuple[int, int]],
         claims: Sequence[tuple[str, ClaimValue]] = (),
+        rules: PacketRules = NO_RULES,
     ) -> bool:
-        """Load unclaimed (index, amount) shares and earlier claims; False if already loaded."""
+        """Load unclaimed (index, amount) shares, earlier claims and the packet's rules
+        (with its whole audience); False if already loaded."""
         amount_left = sum(amount for _, amount in shares)
-        args: list[Any] = [expires_at_ms, keep_until_ms, amount_left, len(shares)]
+        start = "" if rules.starts_at is None else int(rules.starts_at.timestamp() * 1000)
+        args: list[Any] = [
+            expires_at_ms,
+            keep_until_ms,
+            amount_left,
+            len(shares),
+            start,
+            rules.passphrase_hash or "",
+            len(rules.audience),
+        ]
         args.extend(pack_share(index, amount) for index, amount in shares)
+        args.extend(rules.audience)
         for user, claim in claims:
             args.extend((user, claim.encode()))
-        loaded = await self._run(self.lua_load, [keys.meta, keys.shares, keys.claims], args)
+        loaded = await self._run(
+            self.lua_load, [keys.meta, keys.shares, keys.claims, keys.audience], args
+        )
         return bool(loaded)
 
-    async def grab(self, keys: PacketKeys, user_id: str, actor: str | None = None) -> Answer:
+    async def grab(
+        self,
+        keys: PacketKeys,
+        user_id: str,
+        actor: str | None = None,
+        digests: str | None = None,
+    ) -> Answer:
         """One grab, on its own script call (the service's grabs go through the coalescer);
-        `actor` grabs for the user (recorded with the grant)."""
-        (answer,) = await self.grab_batch([(keys, [grabber(user_id, actor)])])
+        `actor` grabs for the user (recorded with the grant); `digests` are the
+        passphrase's (`codec.grabber`)."""
+        (answer,) = await self.grab_batch([(keys, [grabber(user_id, actor, digests)])])
         if isinstance(answer, StorageError):
             raise answer
         return answer
@@ -241,7 +271,14 @@ class RedisStore:
         for packet, users in groups:
             if self.cluster and packet.bucket != bucket:
                 raise ValueError("a grab batch must stay inside one bucket on a cluster")
-            keys += (packet.events, packet.meta, packet.shares, packet.claims)
+            keys += (
+                packet.events,
+                packet.meta,
+                packet.shares,
+                packet.claims,
+                packet.audience,
+                packet.tries,
+            )
             args += (packet.packet_id, " ".join(users))
         flat = await self._run(self.lua_grab, keys, args)
         statuses = _STATUSES
@@ -264,13 +301,24 @@ class RedisStore:
         )
         return int(status), int(left), int(n)
 
+    async def cancel_packet(
+        self, keys: PacketKeys, sender_id: str, retention_ms: int
+    ) -> tuple[int, int, int]:
+        """Run cancel.lua: (status, amount_left, shares_left); see its header."""
+        status, left, n = await self._run(
+            self.lua_cancel,
+            [keys.meta, keys.shares, keys.claims, keys.events],
+            [keys.packet_id, sender_id, retention_ms],
+        )
+        return int(status), int(left), int(n)
+
     async def status(self, keys: PacketKeys) -> LiveStatus | None:
-        exists, left, n, exp, closed, now = await self._run(
+        exists, left, n, exp, closed, now, cancelled = await self._run(
             self.lua_status, [keys.meta, keys.shares], []
         )
         if not exists:
             return None
-        return LiveStatus(int(left), int(n), int(exp), int(closed), int(now))
+        return LiveStatus(int(left), int(n), int(exp), int(closed), int(now), bool(cancelled))
 
     async def claims(self, keys: PacketKeys) -> dict[str, ClaimValue]:
         raw = await self._call(self.client.hgetall(keys.claims))
@@ -306,7 +354,9 @@ class RedisStore:
 
     async def forget_packet(self, keys: PacketKeys) -> None:
         """Delete a packet's keys (tests and recovery drills)."""
-        await self._call(self.client.delete(keys.meta, keys.shares, keys.claims))
+        await self._call(
+            self.client.delete(keys.meta, keys.shares, keys.claims, keys.audience, keys.tries)
+        )
 
     # -- token revocations ---------------------------------------------------------
 

@@ -11,17 +11,33 @@
 -- A packet whose keys cannot be read (wrong type, malformed values) fails only its
 -- own grabs: they all get status 5 and none of its shares is taken.
 --
--- KEYS[1+4j .. 4+4j]      event stream of its bucket, meta hash, shares list, claims hash
---                         of packet j (j = 0 ..); on a cluster all in one slot (bucket)
+-- Rules. A packet with rules has the field r in its meta (read with the fields every
+-- grab reads, so a packet without rules pays nothing for them); then one more HMGET
+-- reads st (start, unix ms), ph (the passphrase's digest) and an (audience size):
+--   * before st every user without a claim gets status 9 and the ms until st;
+--   * with an audience, SMISMEMBER of the users without a claim: others get status 6;
+--   * with a passphrase, each grab carries its digest (see ARGV); a grab without one
+--     gets status 7; a wrong one also counts in the tries hash (user -> "wrong:until_ms"),
+--     and the 5th wrong one locks the user out for 600,000 ms (status 8 with the ms left,
+--     also for any grab of theirs until then); a lockout that ended starts a new count.
+-- A user who holds a claim always gets it back (status 2), whatever the rules.
+--
+-- KEYS[1+6j .. 6+6j]      event stream of its bucket, meta hash, shares list, claims
+--                         hash, audience set, tries hash of packet j (j = 0 ..); on a
+--                         cluster all in one slot (bucket)
 -- ARGV[1+2j]              packet id of packet j
 -- ARGV[2+2j]              grabbers of packet j, in order, separated by one space: a
---                         user id, or "user=actor" when a service (the actor) grabs for
---                         the user (user ids hold neither '=' nor spaces)
+--                         user id, then "=actor" when a service (the actor) grabs for
+--                         the user, then "/digests" when the grab carries a passphrase
+--                         (its digests under each passphrase key, separated by ","); user
+--                         ids hold none of '=', '/', ',' or spaces
 -- Returns a flat list of integers, four per grab, packet by packet, users in order:
---   status, seq, amount, claimed_at_ms (the last three 0 when the user holds no share)
+--   status, seq, amount, claimed_at_ms (the last three 0 when the user holds no share;
+--   for statuses 8 and 9 the last is the ms to wait)
 --   status: 0 unknown packet, 1 granted now, 2 claimed before (the earlier claim
 --   again), 3 exhausted, 4 expired (by this server's clock, or closed),
---   5 this packet's data is unreadable
+--   5 this packet's data is unreadable, 6 not in the audience, 7 wrong passphrase,
+--   8 locked out after wrong passphrases, 9 not started, 10 cancelled
 -- Shares are packed index * 2^32 + amount; claims are "seq:amount:claimed_at_ms" with
 -- seq = index + 1 (see hongbao/storage/codec.py).
 -- Appends per packet with grants {k=g, p=packet, c=lines "user seq:amount:claimed_at_ms"},
@@ -32,6 +48,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local claim_tail = ':' .. string.format('%d', now)
 local out = {}
 local n = 0
+local WRONG_TRIES, LOCKOUT_MS = 5, 600000
 
 local function put(status, seq, amount, at)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = status, seq, amount, at
@@ -77,18 +94,35 @@ local function read_claims(claims_key, users)
   return claimed
 end
 
--- -1 when the packet takes grabs, else the status for a user without a claim
+local function ended(meta_key, left)
+  if redis.call('HEXISTS', meta_key, 'cx') == 1 then
+    return 10
+  end
+  return (tonumber(left) == 0) and 3 or 4
+end
+
+-- -1 when the packet takes grabs, else the status for a user without a claim (and the
+-- ms to wait, for status 9); with -1, the packet's rules when it has any
 local function packet_state(meta_key)
-  local meta = redis.call('HMGET', meta_key, 'exp', 'closed', 'left')
+  local meta = redis.call('HMGET', meta_key, 'exp', 'closed', 'left', 'r')
   local exp = tonumber(meta[1])
   if not meta[1] then
-    return 0
+    return 0, 0
   elseif not exp then
     error('malformed expiry')
-  elseif meta[2] or now >= exp then
-    return (tonumber(meta[3]) == 0) and 3 or 4
+  elseif meta[2] then
+    return ended(meta_key, meta[3]), 0
+  elseif now >= exp then
+    return (tonumber(meta[3]) == 0) and 3 or 4, 0
+  elseif not meta[4] then
+    return -1, 0
   end
-  return -1
+  local rules = redis.call('HMGET', meta_key, 'st', 'ph', 'an')
+  local start = tonumber(rules[1])
+  if start and now < start then
+    return 9, start - now
+  end
+  return -1, 0, {phrase = rules[2], audience = (tonumber(rules[3]) or 0) > 0}
 end
 
 -- shares popped before a malformed one was found go back to the list's head, in order
@@ -112,45 +146,111 @@ local function grant_line(user, claim, actors)
   return user .. ' ' .. claim
 end
 
--- a packet with one grab in the call (most of them, from HTTP workers' small calls):
--- the same steps with single-value commands, which skip the bulk path's tables
-local function grab_one(meta_key, shares_key, claims_key, user, done, actors)
-  local prior = redis.call('HGET', claims_key, user)
-  if prior then
-    return put_prior(prior, user)
-  end
-  local state = packet_state(meta_key)
-  local raw = state == -1 and redis.call('LPOP', shares_key)
-  if state ~= -1 then
-    return put(state, 0, 0, 0)
-  elseif not raw then
-    return put(3, 0, 0, 0)
-  end
-  local seq, amount, claim = share_claim(raw)
-  if not seq then
-    push_back(shares_key, {raw})
-    error('malformed share')
-  end
-  redis.call('HSET', claims_key, user, claim)
-  done.grants[1], done.taken = grant_line(user, claim, actors), amount
-  put(1, seq, amount, now)
+-- whether a grab's digests ("d1,d2") hold the packet's passphrase digest
+local function phrase_matches(digests, phrase)
+  return string.find(',' .. digests .. ',', ',' .. phrase .. ',', 1, true) ~= nil
 end
 
--- the grabs of one packet, users in order; the grants are added to `done`
-local function grab_packet(meta_key, shares_key, claims_key, users, done, actors)
-  if #users == 1 then
-    return grab_one(meta_key, shares_key, claims_key, users[1], done, actors)
-  end
-  local claimed = read_claims(claims_key, users)
-  local wanting = {}  -- users without a claim, each once, in order of arrival
-  for _, user in ipairs(users) do
-    if claimed[user] == false then
-      claimed[user] = nil
-      wanting[#wanting + 1] = user
+-- Under the packet's rules, which of `fresh` (the users without a claim, each once, in
+-- order) may take a share: returns them (each once, in order), the verdict {status,
+-- wait_ms} of each refused grab by position in `users`, and the tries to write (user ->
+-- "wrong:until_ms"), nil when none changed. Reads only: the caller writes.
+local function admit(keys, users, fresh, attempts, rules)
+  local member, tries = nil, nil
+  if rules.audience then
+    member = {}
+    for first = 1, #fresh, CHUNK do
+      local last = math.min(first + CHUNK - 1, #fresh)
+      local found = redis.call('SMISMEMBER', keys.audience, unpack(fresh, first, last))
+      for i = first, last do
+        member[fresh[i]] = found[i - first + 1] == 1
+      end
     end
   end
-  local state = #wanting > 0 and packet_state(meta_key) or -1
-  local raw = state == -1 and redis.call('LPOP', shares_key, #wanting) or {}
+  if rules.phrase then
+    tries = {}
+    for first = 1, #fresh, CHUNK do
+      local last = math.min(first + CHUNK - 1, #fresh)
+      local found = redis.call('HMGET', keys.tries, unpack(fresh, first, last))
+      for i = first, last do
+        local wrong, until_ms = 0, 0
+        if found[i - first + 1] then
+          wrong, until_ms = string.match(found[i - first + 1], '^(%d+):(%d+)$')
+          if not wrong then
+            error('malformed tries of ' .. fresh[i])
+          end
+        end
+        tries[fresh[i]] = {tonumber(wrong), tonumber(until_ms)}
+      end
+    end
+  end
+  local admitted, verdicts, changed, taken = {}, {}, nil, {}
+  local is_fresh = {}
+  for _, user in ipairs(fresh) do
+    is_fresh[user] = true
+  end
+  for i, user in ipairs(users) do
+    if is_fresh[user] and not taken[user] then
+      local status, wait = nil, 0
+      if member and not member[user] then
+        status = 6
+      elseif tries then
+        local try = tries[user]
+        local attempt = attempts and attempts[i]
+        if try[2] > now then
+          status, wait = 8, try[2] - now
+        elseif not attempt then
+          status = 7  -- no passphrase sent: refused, but not a guess
+        elseif not phrase_matches(attempt, rules.phrase) then
+          try[1] = try[1] + 1
+          status = 7
+          if try[1] >= WRONG_TRIES then
+            try[1], try[2] = 0, now + LOCKOUT_MS
+            status, wait = 8, LOCKOUT_MS
+          end
+          changed = changed or {}
+          changed[user] = string.format('%d:%d', try[1], try[2])
+        end
+      end
+      if status then
+        verdicts[i] = {status, wait}
+      else
+        taken[user] = true
+        admitted[#admitted + 1] = user
+      end
+    end
+  end
+  return admitted, verdicts, changed
+end
+
+-- the wrong tries counted in this call, kept as long as the packet's other keys
+local function write_tries(keys, changed)
+  local fields = {}
+  for user, value in pairs(changed) do
+    fields[#fields + 1] = user
+    fields[#fields + 1] = value
+  end
+  for first = 1, #fields, CHUNK do
+    redis.call('HSET', keys.tries, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
+  end
+  local ttl = redis.call('PTTL', keys.meta)
+  if ttl > 0 then
+    redis.call('PEXPIRE', keys.tries, ttl)
+  end
+end
+
+-- The grabs of one packet, users in order, once `claimed` (user -> prior claim text, or
+-- nil) and the packet's state are known; `wanting` are the users without a claim, each
+-- once, in order. The grants are added to `done`.
+local function take(keys, users, attempts, claimed, wanting, state, wait, rules, done, actors)
+  local verdicts, changed = nil, nil
+  if rules then
+    wanting, verdicts, changed = admit(keys, users, wanting, attempts, rules)
+  end
+  local raw = {}
+  if state == -1 and #wanting > 0 then
+    raw = redis.call('LPOP', keys.shares, #wanting) or {}
+  end
   if state == -1 then
     state = 3  -- the users the shares did not reach find the packet exhausted
   end
@@ -159,7 +259,7 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done, actors
   for k, text in ipairs(raw) do
     local seq, amount, claim = share_claim(text)
     if not seq then
-      push_back(shares_key, raw)
+      push_back(keys.shares, raw)
       error('malformed share')
     end
     local user = wanting[k]
@@ -169,31 +269,90 @@ local function grab_packet(meta_key, shares_key, claims_key, users, done, actors
     claimed[user] = k
   end
   for first = 1, #fields, CHUNK do
-    redis.call('HSET', claims_key, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
+    redis.call('HSET', keys.claims, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
   end
   done.grants, done.taken = lines, taken
-  for _, user in ipairs(users) do
+  if changed then
+    write_tries(keys, changed)  -- admit read the tries hash: no error after the writes
+  end
+  for i, user in ipairs(users) do
+    local verdict = verdicts and verdicts[i]
     local claim = claimed[user]
-    if type(claim) == 'number' then
+    if verdict then
+      put(verdict[1], 0, 0, verdict[2])
+    elseif type(claim) == 'number' then
       put(1, seqs[claim], amounts[claim], now)
       claimed[user] = fields[2 * claim]
     elseif claim then
       put_prior(claim, user)  -- read_claims checked its form: no error after the writes
     else
-      put(state, 0, 0, 0)
+      put(state, 0, 0, wait)
     end
   end
 end
 
+-- a packet with one grab in the call (most of them, from HTTP workers' small calls):
+-- the same steps with single-value commands, which skip the bulk path's tables
+local function grab_one(keys, user, attempts, done, actors)
+  local prior = redis.call('HGET', keys.claims, user)
+  if prior then
+    return put_prior(prior, user)
+  end
+  local state, wait, rules = packet_state(keys.meta)
+  if rules then
+    return take(keys, {user}, attempts, {}, {user}, state, wait, rules, done, actors)
+  end
+  local raw = state == -1 and redis.call('LPOP', keys.shares)
+  if state ~= -1 then
+    return put(state, 0, 0, wait)
+  elseif not raw then
+    return put(3, 0, 0, 0)
+  end
+  local seq, amount, claim = share_claim(raw)
+  if not seq then
+    push_back(keys.shares, {raw})
+    error('malformed share')
+  end
+  redis.call('HSET', keys.claims, user, claim)
+  done.grants[1], done.taken = grant_line(user, claim, actors), amount
+  put(1, seq, amount, now)
+end
+
+-- the grabs of one packet, users in order; the grants are added to `done`
+local function grab_packet(keys, users, attempts, done, actors)
+  if #users == 1 then
+    return grab_one(keys, users[1], attempts, done, actors)
+  end
+  local claimed = read_claims(keys.claims, users)
+  local wanting = {}  -- users without a claim, each once, in order of arrival
+  for _, user in ipairs(users) do
+    if claimed[user] == false then
+      claimed[user] = nil
+      wanting[#wanting + 1] = user
+    end
+  end
+  local state, wait, rules = -1, 0, nil
+  if #wanting > 0 then
+    state, wait, rules = packet_state(keys.meta)
+  end
+  take(keys, users, attempts, claimed, wanting, state, wait, rules, done, actors)
+end
+
 for j = 0, #ARGV / 2 - 1 do
   local grabbers = ARGV[2 + 2 * j]
-  local users, actors = {}, nil
-  if string.find(grabbers, '=', 1, true) then
-    actors = {}  -- a user named twice keeps the actor of its first grab (the one granted)
-    for user, actor in string.gmatch(grabbers, '([^%s=]+)=?(%S*)') do
+  local users, actors, attempts = {}, nil, nil
+  if string.find(grabbers, '[=/]') then
+    -- a user named twice keeps the actor of its first grab
+    for token in string.gmatch(grabbers, '%S+') do
+      local user, actor, attempt = string.match(token, '^([^=/]+)=?([^/]*)/?(.*)$')
       users[#users + 1] = user
-      if actor ~= '' and not actors[user] then
-        actors[user] = actor
+      if actor ~= '' then
+        actors = actors or {}
+        actors[user] = actors[user] or actor
+      end
+      if attempt ~= '' then
+        attempts = attempts or {}
+        attempts[#users] = attempt
       end
     end
   else
@@ -201,19 +360,21 @@ for j = 0, #ARGV / 2 - 1 do
       users[#users + 1] = user
     end
   end
+  local base = 6 * j
+  local keys = {meta = KEYS[base + 2], shares = KEYS[base + 3], claims = KEYS[base + 4],
+    audience = KEYS[base + 5], tries = KEYS[base + 6]}
   local first = n
   local done = {grants = {}, taken = 0}
-  local ok = pcall(grab_packet, KEYS[2 + 4 * j], KEYS[3 + 4 * j], KEYS[4 + 4 * j], users, done,
-    actors)
+  local ok = pcall(grab_packet, keys, users, attempts, done, actors)
   if not ok then
     for _ = (n - first) / 4 + 1, #users do
       put(5, 0, 0, 0)
     end
   end
   if done.taken > 0 then
-    redis.call('XADD', KEYS[1 + 4 * j], '*', 'k', 'g', 'p', ARGV[1 + 2 * j],
+    redis.call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[1 + 2 * j],
       'c', table.concat(done.grants, '\n'))
-    redis.pcall('HINCRBY', KEYS[2 + 4 * j], 'left', -done.taken)
+    redis.pcall('HINCRBY', keys.meta, 'left', -done.taken)
   end
 end
 return out

@@ -13,10 +13,11 @@
 -- An open packet: the share leaves the unclaimed list and the claim is written back.
 -- A closed packet: its unclaimed shares are gone and its refund counted the forgotten
 -- claims' money again (a refund the ledger refuses). The claims are written back and a
--- new refund of what is really left is appended {k=r, p, s, a, n, t=closed_at_ms}.
+-- new refund of what is really left is appended {k=r, p, s, a, n, t=closed_at_ms}, with
+-- x=c when the packet was cancelled (its status in the ledger says so).
 -- Shares are index * 2^32 + amount; claims "seq:amount:claimed_at_ms", seq = index + 1.
 
-local meta = redis.call('HMGET', KEYS[1], 'exp', 'closed', 'left', 'nleft')
+local meta = redis.call('HMGET', KEYS[1], 'exp', 'closed', 'left', 'nleft', 'cx')
 if not meta[1] then
   return {0}
 end
@@ -68,8 +69,12 @@ if restored > 0 then
   if closed then
     local shares_left = tonumber(meta[4]) - restored
     redis.call('HSET', KEYS[1], 'nleft', shares_left)
-    redis.call('XADD', KEYS[4], '*', 'k', 'r', 'p', ARGV[1], 's', ARGV[2],
-      'a', string.format('%d', left - restored_amount), 'n', shares_left, 't', closed)
+    local refund = {'k', 'r', 'p', ARGV[1], 's', ARGV[2],
+      'a', string.format('%d', left - restored_amount), 'n', shares_left, 't', closed}
+    if meta[5] then
+      refund[#refund + 1], refund[#refund + 2] = 'x', 'c'
+    end
+    redis.call('XADD', KEYS[4], '*', unpack(refund))
   end
 end
 out[1] = restored

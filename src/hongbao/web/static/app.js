@@ -12,6 +12,11 @@
   var LANG_KEY = "hongbao.lang";
   var POLL_MS = 2000;
   var RETRY_MS = 1000; // before a live stream is opened again
+  var MAX_AUDIENCE = 1000;
+  var MAX_START_AHEAD_MS = 7 * 86400 * 1000;
+  var USER_ID = /^[A-Za-z0-9_.:@-]{1,64}$/;
+  // refusals that pass by themselves or that the person can fix: shown for a moment
+  var TRANSIENT = ["wrong_passphrase", "too_many_attempts", "rate_limited", "not_started"];
 
   var $ = function (id) { return document.getElementById(id); };
   var lang = localStorage.getItem(LANG_KEY) ||
@@ -101,6 +106,19 @@
 
   // -- HTTP -----------------------------------------------------------------------------
 
+  /** A user id from what a person typed: in demo mode, "bob" stands for demo-bob. */
+  function userIdOf(name) {
+    return DEMO && name.indexOf("demo-") !== 0 ? "demo-" + name : name;
+  }
+
+  /** "01:05", "1:02:03": a countdown's time left. */
+  function clock(ms) {
+    var s = Math.max(0, Math.ceil(ms / 1000));
+    var two = function (n) { return (n < 10 ? "0" : "") + n; };
+    var h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+    return (h ? h + ":" + two(m) : two(m)) + ":" + two(s % 60);
+  }
+
   /** JSON from the API; throws {status, code, field} (a problem document) on failure. */
   function api(method, path, body, options) {
     options = options || {};
@@ -130,6 +148,7 @@
     if (!err || typeof err !== "object" || err.status === undefined) return t("err.generic", { status: "?" });
     var code = err.code;
     if (err.status === 0) return t("err.network");
+    if (err.status === 429 && code && code !== "rate_limited" && STRINGS.en["err." + code]) return t("err." + code);
     if (err.status === 429 || code === "too_many_requests" || code === "rate_limited") return t("err.too_many_requests");
     if (code === "invalid_request" || err.status === 422) {
       var field = err.field && STRINGS[lang]["field." + err.field] ? t("field." + err.field) : t("field.body");
@@ -261,6 +280,40 @@
 
   var sendKey = null; // one Idempotency-Key per distinct packet the person sends
   $("send-form").addEventListener("input", function () { sendKey = null; });
+  $("send-form").addEventListener("change", function () {
+    var who = this.querySelector('input[name="who"]:checked').value;
+    $("group-box").hidden = who !== "group";
+    $("one-box").hidden = who !== "one";
+  });
+
+  /** The rules of the send form, added to `body`; false (and the reason shown) if bad. */
+  function addRules(form, body) {
+    var who = form.querySelector('input[name="who"]:checked').value;
+    if (who === "group") {
+      var members = $("members").value.split(/[\s,，、;]+/).filter(Boolean).map(userIdOf);
+      var distinct = members.filter(function (m, i) { return members.indexOf(m) === i; });
+      if (!distinct.length || distinct.length > MAX_AUDIENCE || body.count > distinct.length ||
+          !distinct.every(function (m) { return USER_ID.test(m); })) {
+        showError(t("send.badMembers")); $("members").focus(); return false;
+      }
+      body.audience = distinct;
+    } else if (who === "one") {
+      var one = userIdOf($("one-user").value.trim());
+      if (!USER_ID.test(one) || body.count !== 1) { showError(t("send.badOne")); $("one-user").focus(); return false; }
+      body.audience = [one];
+    }
+    var phrase = $("passphrase").value.trim();
+    if (phrase) body.passphrase = phrase;
+    var start = $("starts-at").value;
+    if (start) {
+      var when = new Date(start); // the person's local time
+      if (isNaN(when.getTime()) || when.getTime() - Date.now() > MAX_START_AHEAD_MS) {
+        showError(t("send.badStart")); $("starts-at").focus(); return false;
+      }
+      body.starts_at = when.toISOString();
+    }
+    return true;
+  }
 
   $("send-form").addEventListener("submit", function (event) {
     event.preventDefault();
@@ -273,14 +326,16 @@
     if (count > fen) { showError(t("send.tooSmall")); $("count").focus(); return; }
     var mode = this.querySelector('input[name="mode"]:checked').value;
     var greeting = $("greeting").value.trim() || t("send.defaultGreeting");
+    var body = { total_amount: fen, count: count, mode: mode, greeting: greeting };
+    if (!addRules(this, body)) return;
     sendKey = sendKey || randomKey();
     var button = $("send");
     button.disabled = true;
-    api("POST", "/v1/packets", { total_amount: fen, count: count, mode: mode, greeting: greeting },
-      { idempotencyKey: sendKey }).then(function (packet) {
+    api("POST", "/v1/packets", body, { idempotencyKey: sendKey }).then(function (packet) {
       sendKey = null;
       $("amount").value = "";
       $("greeting").value = "";
+      ["members", "one-user", "passphrase", "starts-at"].forEach(function (id) { $(id).value = ""; });
       go("/p/" + encodeURIComponent(packet.id));
     }, showError).then(function () { button.disabled = false; });
   });
@@ -290,13 +345,20 @@
   function renderPacket(id) {
     show("packet");
     var state = { packet: null, claims: null, mine: null, outcome: null, live: "", closed: false };
-    var source = null, timer = null, errors = 0;
+    var source = null, timer = null, errors = 0, ticker = null;
     current = function () {
       state.closed = true;
       if (source) source.close();
       if (timer) clearInterval(timer);
+      if (ticker) clearInterval(ticker);
     };
     $("open").hidden = true;
+    $("open").disabled = false;
+    $("for-you").hidden = true;
+    $("countdown").hidden = true;
+    $("phrase-box").hidden = true;
+    $("phrase").value = "";
+    $("cancel").hidden = true;
     $("mine").hidden = true;
     $("packet-outcome").hidden = true;
     $("share").hidden = true;
@@ -319,8 +381,25 @@
       // the button shows while the packet is open to this person; once it is finished,
       // someone who got nothing sees why (the sender a neutral line)
       var sender = p.sender_id === auth.user;
-      $("open").hidden = !!mine || !!state.outcome || p.status !== "active";
+      // a refusal the person can fix or wait out leaves the button (and passphrase box)
+      var retry = !state.outcome || TRANSIENT.indexOf(state.outcome.code) >= 0;
+      var open = !mine && retry && p.status === "active";
+      $("open").hidden = !open;
       $("mine").hidden = !mine;
+      // the rules as the grabber sees them: for whom, a passphrase to type, a countdown
+      var tag = "";
+      if (p.audience_size && p.for_you) tag = p.audience_size === 1 ? t("packet.forYou") : t("packet.forGroup", { n: p.audience_size });
+      else if (p.audience_size && !sender) tag = t("packet.notForYou");
+      $("for-you").textContent = tag;
+      $("for-you").hidden = !tag;
+      $("phrase-box").hidden = !(open && p.passphrase_required);
+      var wait = p.starts_at && p.status === "active" ? Date.parse(p.starts_at) - Date.now() : 0;
+      $("countdown").hidden = !(wait > 0);
+      $("countdown").textContent = wait > 0 ? t("packet.opensIn", { time: clock(wait) }) : "";
+      $("open").disabled = wait > 0;
+      if (wait > 0 && !ticker) ticker = setInterval(draw, 1000);
+      if (!(wait > 0) && ticker) { clearInterval(ticker); ticker = null; }
+      $("cancel").hidden = !(sender && p.status === "active");
       if (mine) {
         $("mine-amount").textContent = yuan(mine.amount);
         $("mine-amount").setAttribute("data-fen", String(mine.amount));
@@ -332,12 +411,20 @@
         finished = sender ? t("packet.statusExpired") : t("err.packet_expired");
         if (p.refunded_amount) finished += " " + t("packet.refunded", { amount: yuan(p.refunded_amount) });
         else if (p.remaining_amount) finished += " " + t("packet.refunding", { amount: yuan(p.remaining_amount) });
+      } else if (p.status === "cancelled") {
+        finished = sender ? t("packet.cancelled") : t("err.packet_cancelled");
+        if (p.refunded_amount) finished += " " + t("packet.refunded", { amount: yuan(p.refunded_amount) });
       }
       outcome.textContent = state.outcome ? describe(state.outcome) : (mine ? "" : finished);
       outcome.hidden = !outcome.textContent;
       if (sender) {
         $("share").hidden = false;
         $("share-link").value = location.origin + "/p/" + encodeURIComponent(p.id);
+        var rules = [];
+        if (p.audience) rules.push(t("packet.rulesAudience", { users: p.audience.join(", ") }));
+        if (p.passphrase_required) rules.push(t("packet.rulesPhrase"));
+        if (p.starts_at) rules.push(t("packet.rulesStart", { time: new Date(p.starts_at).toLocaleString(lang === "zh" ? "zh-CN" : "en-GB") }));
+        $("rules-summary").textContent = rules.join(" · ");
       }
       $("summary").textContent = t("packet.summary", {
         taken: p.count - p.remaining_count, count: p.count,
@@ -389,13 +476,19 @@
 
     function update(data) {
       if (state.closed) return;
+      var before = state.packet;
+      // the live events are the same for every watcher: what is the caller's own (whether
+      // the audience names them, the audience itself for the sender) stays from the API
+      if (before && data.packet.for_you === undefined) data.packet.for_you = before.for_you;
+      if (before && data.packet.audience === undefined) data.packet.audience = before.audience;
       state.packet = data.packet;
       state.claims = data.claims;
       draw();
       var p = data.packet;
       // final: every share taken (best luck known), or expired with its leftover refunded
       var refunded = p.refunded_amount || !p.remaining_amount;
-      if (p.status !== "active" && (p.status === "expired" ? refunded : data.claims.best_luck)) {
+      var closed = p.status === "expired" || p.status === "cancelled";
+      if (p.status !== "active" && (closed ? refunded : data.claims.best_luck)) {
         stopLive();
       }
     }
@@ -450,24 +543,41 @@
 
     $("open").onclick = function () {
       var button = $("open");
+      var phrase = $("phrase").value.trim();
+      if (state.packet && state.packet.passphrase_required && !phrase) { $("phrase").focus(); return; }
       button.disabled = true;
       button.classList.add("spinning");
-      api("POST", "/v1/packets/" + encodeURIComponent(id) + "/grab").then(function (result) {
+      var body = phrase ? { passphrase: phrase } : undefined;
+      api("POST", "/v1/packets/" + encodeURIComponent(id) + "/grab", body).then(function (result) {
         state.mine = { user_id: result.user_id, amount: result.amount, seq: result.seq };
         draw();
         return fetchState();
       }, function (err) {
-        if (err.status === 410 || err.status === 404 || err.status === 429 || err.status === 409) {
+        if ([403, 404, 409, 410, 429].indexOf(err.status) >= 0 && err.code !== "forbidden") {
           state.outcome = err;
           draw();
-          if (err.status === 429) setTimeout(function () { state.outcome = null; draw(); }, 3000);
+          if (err.status === 429 || TRANSIENT.indexOf(err.code) >= 0) {
+            setTimeout(function () { state.outcome = null; draw(); }, 3000);
+          }
         } else {
           showError(err);
         }
       }).then(function () {
         button.disabled = false;
         button.classList.remove("spinning");
+        draw();
       });
+    };
+
+    $("cancel").onclick = function () {
+      if (!window.confirm(t("packet.cancel") + "?")) return;
+      var button = $("cancel");
+      button.disabled = true;
+      api("POST", "/v1/packets/" + encodeURIComponent(id) + "/cancel").then(function (packet) {
+        state.packet = packet;
+        draw();
+        return fetchState();
+      }, showError).then(function () { button.disabled = false; });
     };
 
     fetchState().then(function () {

@@ -1,0 +1,176 @@
+"""Packet rules in grab.lua, cancel.lua and load.lua, through the store's API on a real Redis."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis.crc import key_slot
+
+from hongbao.domain.ids import new_packet_id
+from hongbao.domain.models import GrabStatus as S
+from hongbao.domain.rules import LOCKOUT_SECONDS, WRONG_TRIES, PacketRules
+from hongbao.keys import PacketKeys
+from hongbao.storage import RedisStore
+from hongbao.storage.codec import Refund, decode_entry, grabber
+from tests.storage.test_scripts import answered, now_ms
+
+pytestmark = pytest.mark.redis
+
+RIGHT, WRONG = "a" * 64, "b" * 64
+
+
+async def load(store: RedisStore, amounts: list[int], rules: PacketRules) -> PacketKeys:
+    keys = store.keys(new_packet_id())
+    assert await store.load_packet(
+        keys,
+        expires_at_ms=now_ms() + 600_000,
+        keep_until_ms=now_ms() + 700_000,
+        shares=list(enumerate(amounts)),
+        rules=rules,
+    )
+    return keys
+
+
+def statuses(answers: list[object]) -> list[S]:
+    return [a[0] for a in answered(answers)]  # type: ignore[arg-type,index]
+
+
+def test_rule_keys_share_the_packets_slot() -> None:
+    for _ in range(100):
+        keys = PacketKeys.of(new_packet_id(), buckets=16)
+        names = (keys.meta, keys.audience, keys.tries, keys.events)
+        assert len({key_slot(k.encode()) for k in names}) == 1
+
+
+async def test_audience_only_its_users_win(store: RedisStore) -> None:
+    keys = await load(store, [10, 20, 30], PacketRules(("ann", "bob"), 2))
+    got = await store.grab_batch([(keys, ["ann", "eve", "bob", "ann", "eve", "cat"])])
+    assert statuses(got) == [
+        S.GRANTED,
+        S.NOT_IN_AUDIENCE,
+        S.GRANTED,
+        S.ALREADY_CLAIMED,
+        S.NOT_IN_AUDIENCE,
+        S.NOT_IN_AUDIENCE,
+    ]
+    (single,) = answered([await store.grab(keys, "eve")])
+    assert single[0] is S.NOT_IN_AUDIENCE
+    live = await store.status(keys)
+    assert live is not None and (live.shares_left, live.amount_left) == (1, 30)
+
+
+async def test_passphrase_wrong_tries_lock_the_user_out(store: RedisStore) -> None:
+    keys = await load(store, [5] * 4, PacketRules(passphrase_hash=RIGHT))
+    # no passphrase: refused, not counted; a wrong one, then a right one, in one call
+    got = await store.grab_batch(
+        [(keys, ["ann", grabber("bob", None, WRONG), grabber("bob", None, RIGHT)])]
+    )
+    assert statuses(got) == [S.WRONG_PASSPHRASE, S.WRONG_PASSPHRASE, S.GRANTED]
+    # a digest among several (keys before a rotation) matches too
+    (ok,) = answered([await store.grab(keys, "dan", digests=f"{WRONG},{RIGHT}")])
+    assert ok[0] is S.GRANTED
+    wrong = [grabber("eve", None, WRONG)] * (WRONG_TRIES + 1) + [grabber("eve", None, RIGHT)]
+    got = answered(await store.grab_batch([(keys, wrong)]))
+    assert [a[0] for a in got] == [S.WRONG_PASSPHRASE] * (WRONG_TRIES - 1) + [
+        S.TOO_MANY_ATTEMPTS
+    ] * 3
+    assert got[WRONG_TRIES - 1][3] == LOCKOUT_SECONDS * 1000
+    assert 0 < got[-1][3] <= LOCKOUT_SECONDS * 1000
+    assert await store.client.pttl(keys.tries) > 0
+    # the lockout ended: a right passphrase wins
+    await store.client.hset(keys.tries, "eve", f"0:{now_ms() - 1}")
+    (won,) = answered([await store.grab(keys, "eve", digests=RIGHT)])
+    assert won[0] is S.GRANTED
+
+
+async def test_start_time_refuses_until_then(store: RedisStore) -> None:
+    start = datetime.now(UTC) + timedelta(seconds=30)
+    keys = await load(store, [7, 7], PacketRules(starts_at=start))
+    got = answered(await store.grab_batch([(keys, ["a", "b"])]))
+    assert [a[0] for a in got] == [S.NOT_STARTED, S.NOT_STARTED]
+    assert 25_000 < got[0][3] <= 30_000
+    await store.client.hset(keys.meta, "st", now_ms() - 1)
+    assert statuses(await store.grab_batch([(keys, ["a", "b", "c"])])) == [
+        S.GRANTED,
+        S.GRANTED,
+        S.EXHAUSTED,
+    ]
+
+
+async def test_one_call_mixes_packets_with_and_without_rules(store: RedisStore) -> None:
+    plain = await load(store, [1, 2], PacketRules())
+    ruled = await load(store, [3, 4], PacketRules(("ann",), 1, RIGHT))
+    got = await store.grab_batch(
+        [
+            (plain, ["ann", "bob"]),
+            (ruled, [grabber("ann", "svc", RIGHT), "bob"]),
+            (plain, ["cat"]),
+        ]
+    )
+    assert statuses(got) == [
+        S.GRANTED,
+        S.GRANTED,
+        S.GRANTED,
+        S.NOT_IN_AUDIENCE,
+        S.EXHAUSTED,
+    ]
+    entries = [e async for e in store.stream_entries()]
+    actors = [decode_entry(e.fields) for e in entries]
+    assert any(getattr(a, "actors", {}).get("ann") == "svc" for a in actors)
+
+
+async def test_cancel_closes_once_and_grabs_after_it_are_refused(store: RedisStore) -> None:
+    keys = await load(store, [10, 20, 30], PacketRules())
+    assert statuses([await store.grab(keys, "ann")]) == [S.GRANTED]
+    assert await store.cancel_packet(keys, "sender", 60_000) == (1, 50, 2)
+    assert await store.cancel_packet(keys, "sender", 60_000) == (2, 50, 2)
+    assert statuses(await store.grab_batch([(keys, ["bob", "ann"])])) == [
+        S.CANCELLED,
+        S.ALREADY_CLAIMED,
+    ]
+    assert (await store.close_packet(keys, "sender", 60_000))[0] == 2  # closed before
+    live = await store.status(keys)
+    assert live is not None and live.cancelled and live.closed_at_ms
+    refunds = [
+        r async for e in store.stream_entries() if isinstance(r := decode_entry(e.fields), Refund)
+    ]
+    assert [(r.amount, r.shares_left, r.cancelled) for r in refunds] == [(50, 2, True)]
+
+
+async def test_cancel_leaves_expired_and_exhausted_packets_alone(store: RedisStore) -> None:
+    keys = store.keys(new_packet_id())
+    await store.load_packet(
+        keys, expires_at_ms=now_ms() - 1, keep_until_ms=now_ms() + 60_000, shares=[(0, 5)]
+    )
+    assert (await store.cancel_packet(keys, "s", 1000))[0] == 4
+    assert (await store.close_packet(keys, "s", 1000))[0] == 1
+    assert await store.cancel_packet(keys, "s", 1000) == (3, 0, 0)
+    empty = await load(store, [5], PacketRules())
+    await store.grab(empty, "ann")
+    assert (await store.cancel_packet(empty, "s", 1000))[0] == 5
+    assert (await store.cancel_packet(store.keys(new_packet_id()), "s", 1000))[0] == 0
+
+
+async def test_a_reload_takes_the_rules_again(store: RedisStore) -> None:
+    start = datetime.now(UTC) + timedelta(hours=1)
+    keys = await load(store, [9], PacketRules(("ann",), 1, RIGHT, start))
+    await store.forget_packet(keys)
+    assert not await store.client.exists(keys.audience)
+    await load_again(store, keys, PacketRules(("bob",), 1, RIGHT, start))
+    assert await store.client.smembers(keys.audience) == {"bob"}
+    meta = await store.client.hgetall(keys.meta)
+    assert (meta["r"], meta["an"], meta["ph"]) == ("1", "1", RIGHT)
+    assert int(meta["st"]) == int(start.timestamp() * 1000)
+    assert time.time() * 1000 < int(meta["st"])
+
+
+async def load_again(store: RedisStore, keys: PacketKeys, rules: PacketRules) -> None:
+    assert await store.load_packet(
+        keys,
+        expires_at_ms=now_ms() + 600_000,
+        keep_until_ms=now_ms() + 700_000,
+        shares=[(0, 9)],
+        rules=rules,
+    )
