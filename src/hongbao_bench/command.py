@@ -25,8 +25,8 @@ Scenarios = Annotated[
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
         "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-rules, hongbao-http, designs, "
-        "memory, micro, history, hongbao-cluster (default: all; hongbao-cluster needs a "
-        "redis+cluster:// URL).",
+        "memory, micro, history, hongbao-cluster, peers (default: all but peers, which "
+        "starts servers of other languages; hongbao-cluster needs a redis+cluster:// URL).",
         show_default=False,
     ),
 ]
@@ -106,7 +106,7 @@ def bench(
     from hongbao_bench.meters import peak_rss_mb
     from hongbao_bench.profiles import profile_for
     from hongbao_bench.rounds import combine
-    from hongbao_bench.scenarios import RUNNERS, SCENARIOS
+    from hongbao_bench.scenarios import BY_DEFAULT, RUNNERS, SCENARIOS
 
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, highlight=False)
@@ -114,7 +114,7 @@ def bench(
         profile = profile_for(size, quick)
     except ValueError as exc:
         fail(str(exc))
-    chosen = list(SCENARIOS)
+    chosen = list(BY_DEFAULT)
     if scenarios:
         chosen = [s.strip() for s in scenarios.split(",") if s.strip()]
         unknown = [s for s in chosen if s not in SCENARIOS]

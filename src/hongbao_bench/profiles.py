@@ -29,6 +29,9 @@ class Profile:
     memory_shares: int = MEMORY_SHARES
     spread_packets: int = 1_000
     spread_shares: int = 80  # per packet
+    #: the peers scenario: alternating rounds, and seconds of wrk per server and round
+    peers_rounds: int = 3
+    peers_seconds: int = 10
 
     @property
     def cluster_grabs(self) -> int:
@@ -51,6 +54,8 @@ PROFILES: dict[str, Profile] = {
         nocoalesce_shares=500,
         http_seconds=1.0,
         http_connections=64,
+        peers_rounds=1,
+        peers_seconds=2,
         design_shares=20,
         design_grabbers=40,
         design_concurrency=10,
@@ -69,6 +74,8 @@ PROFILES: dict[str, Profile] = {
         nocoalesce_shares=4_000,
         http_seconds=3.0,
         http_connections=64,
+        peers_rounds=1,
+        peers_seconds=5,
         design_shares=100,
         design_grabbers=200,
         design_concurrency=20,

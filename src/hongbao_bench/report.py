@@ -14,6 +14,8 @@ from rich.table import Table
 
 from hongbao_bench.common import Outcome
 from hongbao_bench.history_scenario import TARGET_P99_MS, history_target
+from hongbao_bench.peers import P99_MS as PEERS_P99_MS
+from hongbao_bench.peers import ratios as peers_ratios
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def targets(outcomes: Sequence[Outcome]) -> list[Target]:
         Target("Redis bytes per claim", per_claim, "<= 96 B", _check(per_claim, at_most=96), "B"),
         *history_targets(outcomes),
         *cluster_targets(outcomes),
+        *peers_targets(outcomes),
     ]
 
 
@@ -148,6 +151,20 @@ def cluster_targets(outcomes: Sequence[Outcome]) -> list[Target]:
     ]
 
 
+def peers_targets(outcomes: Sequence[Outcome]) -> list[Target]:
+    """hongbao over HTTP against the best peer of the same shape, and its p99."""
+    found = [
+        Target(f"peers {shape}: {server} / best peer", ratio, f">= {goal:.2f}x", ratio >= goal, "x")
+        for shape, server, ratio, goal in peers_ratios(outcomes)
+    ]
+    for o in outcomes:
+        if o.group == "peers" and str(o.figures.get("server", "")).startswith("hongbao"):
+            p99 = float(o.figures["p99_ms"])
+            goal = f"<= {PEERS_P99_MS:.0f} ms"
+            found.append(Target(f"{o.scenario} p99", p99, goal, p99 <= PEERS_P99_MS, "ms"))
+    return found
+
+
 def failed_ours(outcomes: Sequence[Outcome]) -> list[Outcome]:
     """Our scenarios that failed or broke (the command exits non-zero if any)."""
     return [o for o in outcomes if o.ours and o.status in ("failed", "error")]
@@ -189,6 +206,8 @@ def _headline(o: Outcome) -> str:
         bits.append(f"rounds {rates} grabs/s ({shown})")
     if len(f.get("slices_rps", ())) > 1:
         bits.append(f"slices {' / '.join(_num(r) for r in f['slices_rps'])} req/s")
+    if "hello_rps" in f:
+        bits.append(f"p99 {f['p99_ms']} ms, its trivial endpoint {_num(f['hello_rps'])} req/s")
     if "grabs_per_call" in f:
         bits.append(f"{f['grabs_per_call']} grabs/call")
     if "packets_per_call" in f:

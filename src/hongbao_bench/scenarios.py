@@ -22,7 +22,10 @@ Scenario names (``--scenarios``), in the order they run:
   (`hongbao_bench.history_scenario`);
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
-  (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison.
+  (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison;
+* ``peers``: ``hongbao serve`` over HTTP beside the Go and Node.js services of
+  ``../shared/peers`` (or ``$HONGBAO_PEERS_DIR``), in alternating rounds, spread and hot
+  shapes (`hongbao_bench.peers`); skipped, with the reason, where they are not.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from hongbao_bench.history_scenario import history_scenario
 from hongbao_bench.http_scenario import hongbao_http
 from hongbao_bench.memory import memory_scenario
 from hongbao_bench.micro import micro
+from hongbao_bench.peers import peers
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
 
 Runner = Callable[[BenchContext], Awaitable[list[Outcome]]]
@@ -61,6 +65,10 @@ RUNNERS: dict[str, Runner] = {
     "micro": micro,
     "history": history_scenario,
     "hongbao-cluster": cluster_scenario,
+    "peers": peers,
 }
 #: groups of scenarios, in the order they run
 SCENARIOS = tuple(RUNNERS)
+#: what runs without --scenarios: peers builds and starts Go and Node.js servers, so it
+#: runs only when named
+BY_DEFAULT = tuple(s for s in SCENARIOS if s != "peers")

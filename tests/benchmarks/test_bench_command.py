@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hongbao.cli import app
-from hongbao_bench.scenarios import SCENARIOS
+from hongbao_bench.scenarios import BY_DEFAULT
 
 POSTGRES_URL = os.environ.get(
     "HONGBAO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -36,7 +36,7 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     groups = {row["group"] for row in data["scenarios"]}
-    assert groups == set(SCENARIOS)
+    assert groups == set(BY_DEFAULT)
     names = {row["scenario"] for row in data["scenarios"]}
     for name in (
         "seed-baseline",
