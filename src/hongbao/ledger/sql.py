@@ -358,6 +358,11 @@ class SqlLedger:
         """Run `work` in one write transaction, again on a conflict with another."""
         return await self._transaction(work)
 
+    async def read(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `work`, which only reads, on a connection of its own."""
+        async with self._connect() as conn:
+            return await work(conn)
+
     def _connect(self) -> Any:
         return _Guard(self.engine)
 
