@@ -112,6 +112,11 @@ class Withdrawals:
             )
         )
 
+    async def totals(self) -> dict[WithdrawalStatus, tuple[int, int]]:
+        """Per status, how many withdrawals have it and their fen (zeros included)."""
+        found = await self.ledger.read(ledger_withdrawals.totals)
+        return {s: found.get(s.value, (0, 0)) for s in WithdrawalStatus}
+
     async def _settle(
         self,
         withdrawal_id: str,

@@ -294,3 +294,21 @@ async def test_a_wallets_withdrawals_a_page_at_a_time(client: httpx.AsyncClient)
     ):
         r = await client.get(f"/v1/wallets/alice/withdrawals?{query}", headers=bearer("alice"))
         problem(r, 422, "invalid_request", field)
+
+
+async def test_metrics_count_withdrawals_by_outcome(client: httpx.AsyncClient) -> None:
+    await deposit(client, "alice", 1000)
+    ids = [(await made(client, "alice", 100 * (i + 1), f"w{i}"))["id"] for i in range(3)]
+    await report(client, ids[1], "complete")
+    await report(client, ids[2], "fail")
+    await report(client, ids[2], "fail")  # a repeat counts once
+    text = (await client.get("/metrics")).text
+    lines = {line for line in text.splitlines() if line.startswith("hongbao_withdrawals")}
+    assert lines == {
+        'hongbao_withdrawals_total{outcome="requested"} 3.0',
+        'hongbao_withdrawals_total{outcome="completed"} 1.0',
+        'hongbao_withdrawals_total{outcome="failed"} 1.0',
+        'hongbao_withdrawals_fen_total{outcome="requested"} 600.0',
+        'hongbao_withdrawals_fen_total{outcome="completed"} 200.0',
+        'hongbao_withdrawals_fen_total{outcome="failed"} 300.0',
+    }

@@ -204,6 +204,16 @@ async def of_user(
     return WithdrawalsPage(user_id, items, next_after)
 
 
+async def totals(conn: AsyncConnection) -> dict[str, tuple[int, int]]:
+    """Status -> how many withdrawals have it, and their fen (statuses without any left out)."""
+    rows = await conn.execute(
+        sa.select(
+            withdrawals.c.status, sa.func.count(), sa.func.sum(withdrawals.c.amount)
+        ).group_by(withdrawals.c.status)
+    )
+    return {status: (int(n), int(fen or 0)) for status, n, fen in rows}
+
+
 # -- audit --------------------------------------------------------------------------------
 
 
@@ -256,14 +266,7 @@ async def audit_withdrawals(conn: AsyncConnection) -> tuple[list[str], int, int]
         .order_by(wid)
     )
     problems = [_explain(row) for row in rows]
-    by_status = {
-        status: (int(n), int(fen or 0))
-        for status, n, fen in await conn.execute(
-            sa.select(
-                withdrawals.c.status, sa.func.count(), sa.func.sum(withdrawals.c.amount)
-            ).group_by(withdrawals.c.status)
-        )
-    }
+    by_status = await totals(conn)
     by_kind = {
         kind: int(n)
         for kind, n in await conn.execute(
