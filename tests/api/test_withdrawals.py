@@ -312,3 +312,11 @@ async def test_metrics_count_withdrawals_by_outcome(client: httpx.AsyncClient) -
         'hongbao_withdrawals_fen_total{outcome="completed"} 200.0',
         'hongbao_withdrawals_fen_total{outcome="failed"} 300.0',
     }
+
+
+async def test_a_wrong_method_names_both_of_the_wallets_withdrawals(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.delete("/v1/wallets/alice/withdrawals", headers=bearer("alice"))
+    problem(r, 405, "method_not_allowed")
+    assert {"GET", "POST"} <= {m.strip() for m in r.headers["allow"].split(",")}

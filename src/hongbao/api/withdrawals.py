@@ -53,8 +53,8 @@ class WithdrawalsApi:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/wallets/{user_id}/withdrawals", self.request, methods=["POST"]),
-            Route("/v1/wallets/{user_id}/withdrawals", self.of_user, methods=["GET"]),
+            # one route for both methods: a 405 on the path then allows both
+            Route("/v1/wallets/{user_id}/withdrawals", self.wallet, methods=["GET", "POST"]),
             Route("/v1/withdrawals/{withdrawal_id}", self.get, methods=["GET"]),
             Route("/v1/withdrawals/{withdrawal_id}/complete", self.complete, methods=["POST"]),
             Route("/v1/withdrawals/{withdrawal_id}/fail", self.fail, methods=["POST"]),
@@ -74,6 +74,11 @@ class WithdrawalsApi:
                 "user_id must be 1-64 characters of letters, digits and _ . : @ -", "user_id"
             )
         return caller, user_id
+
+    async def wallet(self, request: Request) -> Response:
+        if request.method == "POST":
+            return await self.request(request)
+        return await self.of_user(request)
 
     async def request(self, request: Request) -> Response:
         caller, user_id = await self.owner(request)
