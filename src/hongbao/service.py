@@ -112,10 +112,10 @@ class Hongbao:
         self.limiter = RateLimiter(store, settings)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
-        #: the red-packet record and the daily statements, read from the ledger
-        self.history = History(ledger)
         #: money out of the wallets, paid by the host's payment system
         self.withdrawals = Withdrawals(ledger)
+        #: the red-packet record and the daily statements, read from the ledger
+        self.history = History(ledger)
 
     @classmethod
     async def connect(

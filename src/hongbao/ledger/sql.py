@@ -359,9 +359,12 @@ class SqlLedger:
         return await self._transaction(work)
 
     async def read(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        """Run `work`, which only reads, on a connection of its own."""
-        async with self._connect() as conn:
-            return await work(conn)
+        """Run `work` on a connection that only reads (it takes no write lock on SQLite)."""
+        try:
+            async with self._connect() as conn:
+                return await work(conn)
+        except (DBAPIError, OSError) as exc:
+            raise StorageError(f"database: {exc}") from exc
 
     def _connect(self) -> Any:
         return _Guard(self.engine)
