@@ -286,6 +286,19 @@ async def test_racing_retries_with_one_key_debit_once(ledger: SqlLedger, book: W
     assert await ledger.audit() == []
 
 
+async def test_racing_retries_of_the_whole_balance_all_get_the_withdrawal(
+    ledger: SqlLedger, book: Withdrawals
+) -> None:
+    """A retry that waited for the first request's debit finds the wallet empty: it must
+    still answer the withdrawal the first one made, not insufficient_balance."""
+    await ledger.deposit("alice", 300, "d1")
+    got = await outcomes([book.request("alice", 300, "all") for _ in range(20)])  # type: ignore[misc]
+    assert all(isinstance(g, tuple) for g in got), got
+    assert len({g[0].id for g in got if isinstance(g, tuple)}) == 1
+    assert await ledger.balance("alice") == 0
+    assert await ledger.audit() == []
+
+
 async def test_racing_fails_give_the_money_back_once(ledger: SqlLedger, book: Withdrawals) -> None:
     await ledger.deposit("alice", 1000, "d1")
     w, _ = await book.request("alice", 300, "w1")

@@ -72,20 +72,14 @@ async def request(
     with this key before (created=False); IdempotencyConflict if that one was of another
     amount, InsufficientBalance if the wallet holds less than `amount`.
 
-    Two requests with one key racing each other both debit, but the second's insert
-    breaks the unique (user, key): its transaction rolls back and, run again, finds the
-    first."""
-    earlier = _select(withdrawals.c.user_id == user_id).where(
-        withdrawals.c.idempotency_key == idempotency_key
-    )
-    row = (await conn.execute(earlier)).first()
-    if row is not None:
-        found = _from_row(row)
-        if found.amount != amount:
-            raise IdempotencyConflict(
-                "this Idempotency-Key was used before for a withdrawal of another amount"
-            )
-        return found, False
+    Two requests with one key racing each other both get past the first lookup, and the
+    second waits for the first's debit of the wallet row. If the wallet then holds
+    enough, the second debits too, but its insert breaks the unique (user, key): its
+    transaction rolls back and, run again, finds the first. If it holds too little, the
+    second looks again (the first has committed by then) and finds the first."""
+    earlier = await _earlier(conn, user_id, idempotency_key, amount)
+    if earlier is not None:
+        return earlier, False
     now = utcnow()
     debited = await conn.execute(
         wallets.update()
@@ -93,6 +87,9 @@ async def request(
         .values(balance=wallets.c.balance - amount, updated_at=now)
     )
     if debited.rowcount != 1:
+        earlier = await _earlier(conn, user_id, idempotency_key, amount)
+        if earlier is not None:
+            return earlier, False
         raise InsufficientBalance(f"wallet of {user_id} holds less than {amount} fen")
     await conn.execute(
         entries.insert(),
@@ -121,6 +118,28 @@ async def request(
     )
     await record_events(conn, [_event("withdrawal.requested", made)])
     return made, True
+
+
+async def _earlier(
+    conn: AsyncConnection, user_id: str, idempotency_key: str, amount: int
+) -> Withdrawal | None:
+    """The withdrawal the user asked for with this key before (None: none), read afresh;
+    IdempotencyConflict if it was of another amount."""
+    row = (
+        await conn.execute(
+            _select(withdrawals.c.user_id == user_id).where(
+                withdrawals.c.idempotency_key == idempotency_key
+            )
+        )
+    ).first()
+    if row is None:
+        return None
+    found = _from_row(row)
+    if found.amount != amount:
+        raise IdempotencyConflict(
+            "this Idempotency-Key was used before for a withdrawal of another amount"
+        )
+    return found
 
 
 async def settle(
