@@ -112,6 +112,28 @@ class PacketCancelled(HongbaoError):
     code = "packet_cancelled"
 
 
+class WithdrawalNotFound(NotFound):
+    code = "withdrawal_not_found"
+
+
+class WithdrawalClosed(HongbaoError):
+    """The withdrawal's outcome was reported already, and it was the other one."""
+
+    code = "withdrawal_closed"
+
+
+class WithdrawalAlreadyCompleted(WithdrawalClosed):
+    """A failure reported for a withdrawal that completed: its money left the wallet."""
+
+    code = "withdrawal_already_completed"
+
+
+class WithdrawalAlreadyFailed(WithdrawalClosed):
+    """A completion reported for a withdrawal that failed: its money went back."""
+
+    code = "withdrawal_already_failed"
+
+
 class InsufficientBalance(HongbaoError):
     code = "insufficient_balance"
 

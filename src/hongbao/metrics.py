@@ -1,5 +1,6 @@
-"""Prometheus metrics of the API: grabs by outcome, grab latency, and two gauges read
-from Redis at scrape time (persister backlog, dead-lettered entries).
+"""Prometheus metrics of the API: grabs by outcome, grab latency, two gauges read from
+Redis at scrape time (persister backlog, dead-lettered entries), and withdrawals by
+outcome read from the ledger at scrape time.
 
 Under `hongbao serve --workers N` a scrape reaches one worker, so the workers share a
 folder: each writes its grab tally there every `PUBLISH_SECONDS`, and the worker that
@@ -28,8 +29,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hongbao.domain.withdrawals import WithdrawalStatus
 from hongbao.errors import StorageError
 from hongbao.storage.redis import RedisStore
+from hongbao.withdrawals import Withdrawals
 
 __all__ = [
     "CONTENT_TYPE",
@@ -37,6 +40,7 @@ __all__ = [
     "PUBLISH_SECONDS",
     "GrabTally",
     "Metrics",
+    "WithdrawalTotals",
 ]
 
 log = logging.getLogger(__name__)
@@ -159,6 +163,44 @@ def _read_tally(path: Path) -> tuple[dict[str, int], list[int], float] | None:
     return outcomes, in_bucket, seconds
 
 
+class WithdrawalTotals(Collector):
+    """Withdrawals by outcome, counted by the ledger and read when scraped, so that every
+    worker answers with the same totals: `requested` counts every withdrawal made, and
+    `completed` and `failed` those whose payout was reported so."""
+
+    def __init__(self) -> None:
+        #: outcome -> (withdrawals, fen)
+        self.totals: dict[str, tuple[int, int]] = {s.value: (0, 0) for s in WithdrawalStatus}
+
+    async def refresh(self, withdrawals: Withdrawals) -> bool:
+        """Read the totals; False (totals unchanged) if the database does not answer."""
+        try:
+            by_status = await withdrawals.totals()
+        except StorageError:
+            return False
+        self.totals = {
+            WithdrawalStatus.REQUESTED.value: (
+                sum(n for n, _ in by_status.values()),
+                sum(fen for _, fen in by_status.values()),
+            ),
+            **{s.value: by_status[s] for s in WithdrawalStatus if s != WithdrawalStatus.REQUESTED},
+        }
+        return True
+
+    def collect(self) -> Iterator[Metric]:
+        count = CounterMetricFamily(
+            "hongbao_withdrawals", "Withdrawals by outcome.", labels=["outcome"]
+        )
+        fen = CounterMetricFamily(
+            "hongbao_withdrawals_fen", "Fen of the withdrawals by outcome.", labels=["outcome"]
+        )
+        for outcome, (n, amount) in self.totals.items():
+            count.add_metric([outcome], n)
+            fen.add_metric([outcome], amount)
+        yield count
+        yield fen
+
+
 class Metrics:
     """The metrics of one app, in a private registry (several apps may share a process);
     with `shared_dir`, the grab tallies of all workers sharing it."""
@@ -178,6 +220,8 @@ class Metrics:
             "Events parked in the dead-letter streams.",
             registry=self.registry,
         )
+        self.withdrawals = WithdrawalTotals()
+        self.registry.register(self.withdrawals)
 
     async def refresh(self, store: RedisStore) -> bool:
         """Read the gauges from Redis; False (gauges unchanged) if Redis does not answer."""

@@ -68,6 +68,7 @@ from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import LiveStatus
+from hongbao.withdrawals import Withdrawals
 
 #: the grab path compares statuses with module constants: reading a member off an Enum
 #: class goes through EnumType.__getattr__, as costly as the rest of the comparison
@@ -111,6 +112,8 @@ class Hongbao:
         self.limiter = RateLimiter(store, settings)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
+        #: money out of the wallets, paid by the host's payment system
+        self.withdrawals = Withdrawals(ledger)
         #: the red-packet record and the daily statements, read from the ledger
         self.history = History(ledger)
 

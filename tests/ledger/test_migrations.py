@@ -45,6 +45,10 @@ IDENTIFIERS = [
     ("hb_shares", "packet_id"),
     ("hb_claims", "packet_id"),
     ("hb_claims", "user_id"),
+    ("hb_withdrawals", "id"),
+    ("hb_withdrawals", "user_id"),
+    ("hb_withdrawals", "idempotency_key"),
+    ("hb_withdrawals", "actor"),
 ]
 
 

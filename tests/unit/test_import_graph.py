@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "hongbao.service",
             "hongbao.history",
+            "hongbao.withdrawals",
             "hongbao.coalescer",
             "hongbao.durability",
             "hongbao.persister",

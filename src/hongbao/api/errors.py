@@ -29,6 +29,7 @@ from hongbao.errors import (
     RateLimited,
     RetryLater,
     StorageError,
+    WithdrawalClosed,
 )
 
 log = logging.getLogger("hongbao.api")
@@ -49,6 +50,7 @@ STATUS: list[tuple[type[HongbaoError], int]] = [
     (NotStarted, 409),
     (InsufficientBalance, 409),
     (IdempotencyConflict, 409),
+    (WithdrawalClosed, 409),
     (RateLimited, 429),
     (StorageError, 503),
 ]

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from hongbao.api.routes import Api, query_int
 from hongbao.api.schemas import Fen, PacketId, UserId, cursor_parts, encode_cursor, iso
-from hongbao.domain.history import EntriesPage, Keyset, ReceivedPage, SentPage, Statement
+from hongbao.domain.history import EntriesPage, Entry, Keyset, ReceivedPage, SentPage, Statement
 from hongbao.errors import Forbidden, InvalidRequest
 from hongbao.history import DEFAULT_PAGE, MAX_PAGE, MAX_YEAR, MIN_YEAR
 from hongbao.identity.principal import Principal
@@ -200,19 +200,28 @@ def entries_json(page: EntriesPage) -> dict[str, Any]:
         "user_id": page.user_id,
         "balance": page.balance,
         "as_of": iso(page.as_of),
-        "items": [
-            {
-                "reference": e.reference,
-                "kind": e.kind,
-                "amount": e.amount,
-                "packet_id": e.packet_id,
-                "created_at": iso(e.created_at),
-                "balance_after": e.balance_after,
-            }
-            for e in page.items
-        ],
+        "items": [entry_json(e) for e in page.items],
         "next_cursor": None if page.next_after is None else _cursor("e", page.next_after),
     }
+
+
+#: kinds of entries a withdrawal makes; their reference is "<kind>:<withdrawal id>"
+WITHDRAWAL_KINDS = ("withdrawal", "reversal")
+
+
+def entry_json(e: Entry) -> dict[str, Any]:
+    """An entry; a withdrawal's debit or reversal also names its withdrawal."""
+    out = {
+        "reference": e.reference,
+        "kind": e.kind,
+        "amount": e.amount,
+        "packet_id": e.packet_id,
+        "created_at": iso(e.created_at),
+        "balance_after": e.balance_after,
+    }
+    if e.kind in WITHDRAWAL_KINDS:
+        out["withdrawal_id"] = e.reference.partition(":")[2]
+    return out
 
 
 def statement_json(st: Statement) -> dict[str, Any]:
@@ -322,6 +331,11 @@ class EntryOut(BaseModel):
     packet_id: PacketId | None
     created_at: datetime
     balance_after: int = Field(description="the wallet's balance right after this entry")
+    withdrawal_id: str | None = Field(
+        default=None,
+        description="the withdrawal of a `withdrawal` (its debit) or `reversal` (its money "
+        "back after it failed) entry; absent on other entries",
+    )
 
 
 class EntriesOut(BaseModel):

@@ -32,10 +32,15 @@ from hongbao.api.schemas import (
     TicketOut,
     WalletOut,
 )
+from hongbao.api.withdrawals import MODELS as WITHDRAWAL_MODELS
+from hongbao.api.withdrawals import STATES as WITHDRAWAL_STATES
 from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
+from hongbao.domain.withdrawals import WITHDRAWAL_ID_PATTERN
 from hongbao.history import DEFAULT_PAGE, MAX_PAGE, MAX_YEAR, MIN_YEAR
 from hongbao.ledger.schema import ENTRY_KINDS
 from hongbao.settings import Settings
+from hongbao.withdrawals import DEFAULT_PAGE as DEFAULT_WITHDRAWALS_PAGE
+from hongbao.withdrawals import MAX_PAGE as MAX_WITHDRAWALS_PAGE
 
 REF = "#/components/schemas/{model}"
 
@@ -55,6 +60,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (RevokedOut, "serialization"),
     (TicketOut, "serialization"),
     *((model, "serialization") for model in HISTORY_MODELS),
+    *WITHDRAWAL_MODELS,
 ]
 
 _ERRORS = {
@@ -248,6 +254,7 @@ def build_openapi(
             )
         },
         **_history_paths(user),
+        **_withdrawal_paths(user, idempotency, behalf),
         "/healthz": {"get": _plain("healthz", "The process is up", {200: "Health"})},
         "/readyz": {
             "get": _plain(
@@ -400,6 +407,122 @@ def _history_paths(user: dict[str, Any]) -> dict[str, Any]:
             )
         },
     }
+
+
+def _withdrawal_paths(
+    user: dict[str, Any], idempotency: dict[str, Any], behalf: dict[str, Any]
+) -> dict[str, Any]:
+    """Money out of a wallet, paid by the host's payment system (api/withdrawals.py)."""
+    withdrawal = _path_param(
+        "withdrawal_id", {"type": "string", "pattern": WITHDRAWAL_ID_PATTERN.pattern}
+    )
+    key = {
+        **idempotency,
+        "required": True,
+        "description": "the same key again answers the same withdrawal, debited once",
+    }
+    listing = [
+        user,
+        behalf,
+        {
+            "name": "status",
+            "in": "query",
+            "required": False,
+            "description": "only withdrawals in this state",
+            "schema": {"type": "string", "enum": WITHDRAWAL_STATES},
+        },
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "description": "withdrawals in the page",
+            "schema": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_WITHDRAWALS_PAGE,
+                "default": DEFAULT_WITHDRAWALS_PAGE,
+            },
+        },
+        {
+            "name": "cursor",
+            "in": "query",
+            "required": False,
+            "description": "the `next_cursor` of the previous page",
+            "schema": {"type": "string"},
+        },
+    ]
+    note = {**_body("OutcomeRequest"), "required": False}
+    ops = {
+        "/v1/wallets/{user_id}/withdrawals": {
+            "post": _op(
+                "requestWithdrawal",
+                "Take money out of a wallet: debited at once, paid out by the host's payment "
+                "system (the owner, a service for them, or an admin)",
+                [user, key, behalf],
+                _body("WithdrawalRequest"),
+                201,
+                "WithdrawalOut",
+                [400, 401, 403, 409, 413, 415, 422, 503],
+            ),
+            "get": _op(
+                "listWithdrawals",
+                "A wallet's withdrawals, newest first (the owner, a service for them, or an admin)",
+                listing,
+                None,
+                200,
+                "WithdrawalsOut",
+                [401, 403, 422, 503],
+            ),
+        },
+        "/v1/withdrawals/{withdrawal_id}": {
+            "get": _op(
+                "getWithdrawal",
+                "A withdrawal and its state (its owner, a service, or an admin)",
+                [withdrawal, behalf],
+                None,
+                200,
+                "WithdrawalOut",
+                [401, 403, 404, 503],
+            )
+        },
+        "/v1/withdrawals/{withdrawal_id}/complete": {
+            "post": _op(
+                "completeWithdrawal",
+                "The payout was made (a service or an admin); again: the same answer",
+                [withdrawal],
+                note,
+                200,
+                "WithdrawalOut",
+                [400, 401, 403, 404, 409, 413, 415, 422, 503],
+            )
+        },
+        "/v1/withdrawals/{withdrawal_id}/fail": {
+            "post": _op(
+                "failWithdrawal",
+                "The payout failed: the money goes back to the wallet, once (a service or an "
+                "admin); again: the same answer",
+                [withdrawal],
+                note,
+                200,
+                "WithdrawalOut",
+                [400, 401, 403, 404, 409, 413, 415, 422, 503],
+            )
+        },
+    }
+    refusals = {
+        "404": "no such withdrawal (`withdrawal_not_found`)",
+        "409": (
+            "`insufficient_balance`, `idempotency_conflict` (same key, other amount), or "
+            "the other outcome was reported before (`withdrawal_already_completed`, "
+            "`withdrawal_already_failed`)"
+        ),
+    }
+    for methods in ops.values():
+        for op in methods.values():
+            for status, description in refusals.items():
+                if status in op["responses"]:
+                    op["responses"][status] = _problem(description)
+    return ops
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Ledger invariants: every packet's money accounted for, every wallet explained."""
+"""Ledger invariants: every packet's money accounted for, every wallet explained, every
+withdrawal matched by its entries."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger.schema import claims, entries, packets, wallets
+from hongbao.ledger.withdrawals import audit_withdrawals
 
 
 async def audit_ledger(conn: AsyncConnection) -> list[str]:
@@ -13,6 +15,8 @@ async def audit_ledger(conn: AsyncConnection) -> list[str]:
     problems, held = await _packets(conn)
     problems.extend(await _claimed_twice(conn))
     problems.extend(await _wallets(conn))
+    withdrawal_problems, in_flight, withdrawn = await audit_withdrawals(conn)
+    problems.extend(withdrawal_problems)
     wallet_total = int(await conn.scalar(sa.select(sa.func.sum(wallets.c.balance))) or 0)
     deposits = int(
         await conn.scalar(
@@ -20,9 +24,10 @@ async def audit_ledger(conn: AsyncConnection) -> list[str]:
         )
         or 0
     )
-    if wallet_total + held != deposits:
+    if wallet_total + held + in_flight + withdrawn != deposits:
         problems.append(
-            f"money: wallets {wallet_total} + held in open packets {held} != deposits {deposits}"
+            f"money: wallets {wallet_total} + held in open packets {held} + withdrawals in "
+            f"flight {in_flight} + withdrawn {withdrawn} != deposits {deposits}"
         )
     return problems
 

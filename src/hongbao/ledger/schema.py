@@ -30,8 +30,17 @@ PacketId = identifier(32)
 Reference = identifier(160)
 IdempotencyKey = identifier(IDEMPOTENCY_KEY_LENGTH)
 
-ENTRY_KINDS = ("deposit", "send", "claim", "refund")
+#: a withdrawal debits the wallet when it is requested; a failed one is reversed (the
+#: money goes back, once)
+ENTRY_KINDS = ("deposit", "send", "claim", "refund", "withdrawal", "reversal")
 STATUSES = ("active", "exhausted", "expired", "cancelled")
+WITHDRAWAL_STATES = ("requested", "completed", "failed")
+DELIVERY_STATES = ("pending", "delivered", "parked")
+#: "evt_" and 26 characters (see hongbao.ledger.outbox.new_event_id)
+EventId = identifier(32)
+#: "wd_" / "we_" and their random part
+WithdrawalId = identifier(32)
+EndpointId = identifier(32)
 
 wallets = sa.Table(
     "hb_wallets",
@@ -59,7 +68,10 @@ entries = sa.Table(
     #: who acted for the user: an admin's deposit, a service's send or grab (the ``sub``
     #: of their token); NULL when users act for themselves
     sa.Column("actor", UserId, nullable=True),
-    sa.CheckConstraint("kind IN ('deposit', 'send', 'claim', 'refund')", name="ck_entry_kind"),
+    sa.CheckConstraint(
+        "kind IN ('deposit', 'send', 'claim', 'refund', 'withdrawal', 'reversal')",
+        name="ck_entry_kind",
+    ),
     sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
     #: a wallet's entries newest first, and (covering) the sum of those after one
     sa.Index("ix_entries_user_id", "user_id", "id", "amount"),
@@ -185,4 +197,96 @@ sender_days = sa.Table(
     sa.Column("day", sa.Date, primary_key=True),
     sa.Column("sends", sa.Integer, nullable=False),
     sa.Column("amount", sa.BigInteger, nullable=False),
+)
+
+#: money leaving a wallet: debited when requested (entry "withdrawal:<id>"), paid out by
+#: the host's payment system, which reports it completed or failed; a failed one is
+#: reversed (entry "reversal:<id>")
+withdrawals = sa.Table(
+    "hb_withdrawals",
+    metadata,
+    sa.Column("id", WithdrawalId, primary_key=True),
+    sa.Column("user_id", UserId, nullable=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    #: the request's Idempotency-Key, unique per user
+    sa.Column("idempotency_key", IdempotencyKey, nullable=False),
+    #: who asked for the user (a service or an admin); NULL when the user did
+    sa.Column("actor", UserId, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    #: the payment system's reference on completion, or why it failed
+    sa.Column("outcome_note", sa.String(200), nullable=True),
+    sa.CheckConstraint("amount > 0", name="ck_withdrawal_amount_positive"),
+    sa.CheckConstraint(
+        "status IN ('requested', 'completed', 'failed')", name="ck_withdrawal_status"
+    ),
+    sa.UniqueConstraint("user_id", "idempotency_key", name="uq_withdrawal_idempotency"),
+    #: the withdrawals in flight (the audit's sum), and a user's newest first
+    sa.Index("ix_withdrawals_status", "status"),
+    sa.Index("ix_withdrawals_user_time", "user_id", "created_at"),
+)
+
+#: the transactional outbox: each event is written in the transaction of the ledger
+#: change it reports, and only when some webhook endpoint subscribes to its type
+events = sa.Table(
+    "hb_events",
+    metadata,
+    #: insertion order (the order of the deliveries made from it)
+    sa.Column("seq", RowId, primary_key=True, autoincrement=True),
+    sa.Column("id", EventId, nullable=False, unique=True),
+    sa.Column("type", sa.String(32), nullable=False),
+    #: what the event is about: deliveries of one subject to one endpoint go in order
+    #: ("packet:<id>", "wallet:<user>", "withdrawal:<id>")
+    sa.Column("subject", Reference, nullable=False),
+    #: the JSON body's "data" object
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_events_created", "created_at"),
+)
+
+#: where events are delivered, signed per the Standard Webhooks specification
+webhook_endpoints = sa.Table(
+    "hb_webhook_endpoints",
+    metadata,
+    sa.Column("id", EndpointId, primary_key=True),
+    sa.Column("url", sa.String(2048), nullable=False),
+    #: JSON list of the event types it receives
+    sa.Column("event_types", sa.Text, nullable=False),
+    #: "whsec_" and base64 of the key's bytes
+    sa.Column("secret", sa.String(100), nullable=False),
+    #: the secret before the last rotation, which also signs until previous_secret_until
+    sa.Column("previous_secret", sa.String(100), nullable=True),
+    sa.Column("previous_secret_until", Timestamp, nullable=True),
+    sa.Column("enabled", sa.Boolean, nullable=False),
+    #: why it was disabled (its receiver answered 410 Gone, or an operator)
+    sa.Column("disabled_reason", sa.String(200), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
+
+#: one event to one endpoint: pending until the receiver answers 2xx, parked when its
+#: retries run out
+webhook_deliveries = sa.Table(
+    "hb_webhook_deliveries",
+    metadata,
+    sa.Column("id", RowId, primary_key=True, autoincrement=True),
+    sa.Column("endpoint_id", EndpointId, sa.ForeignKey("hb_webhook_endpoints.id"), nullable=False),
+    sa.Column("event_id", EventId, sa.ForeignKey("hb_events.id"), nullable=False),
+    #: the event's subject, copied: the dispatcher sends one subject's deliveries in order
+    sa.Column("subject", Reference, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", Timestamp, nullable=False),
+    #: a dispatcher holds it until then (another takes over if that one died)
+    sa.Column("leased_until", Timestamp, nullable=True),
+    sa.Column("last_status", sa.Integer, nullable=True),
+    sa.Column("last_error", sa.String(300), nullable=True),
+    sa.Column("delivered_at", Timestamp, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.CheckConstraint("status IN ('pending', 'delivered', 'parked')", name="ck_delivery_status"),
+    sa.UniqueConstraint("endpoint_id", "event_id", name="uq_delivery_endpoint_event"),
+    #: the due ones, oldest first
+    sa.Index("ix_deliveries_due", "status", "next_attempt_at"),
+    #: an endpoint's subject in order: is an earlier delivery of it still pending?
+    sa.Index("ix_deliveries_subject", "endpoint_id", "subject", "status", "id"),
 )

@@ -358,6 +358,14 @@ class SqlLedger:
         """Run `work` in one write transaction, again on a conflict with another."""
         return await self._transaction(work)
 
+    async def read(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `work` on a connection that only reads (it takes no write lock on SQLite)."""
+        try:
+            async with self._connect() as conn:
+                return await work(conn)
+        except (DBAPIError, OSError) as exc:
+            raise StorageError(f"database: {exc}") from exc
+
     def _connect(self) -> Any:
         return _Guard(self.engine)
 

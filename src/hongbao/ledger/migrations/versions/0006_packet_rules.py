@@ -6,11 +6,8 @@
 - hb_sender_days: what each sender sent per UTC day (sends and fen), counted in the
   transaction that debits the send.
 
-The status CHECK constraint is replaced on PostgreSQL and MySQL/MariaDB. SQLite cannot
-alter a constraint, and rebuilding hb_packets would break the foreign keys of the
-tables that refer to it; since the new constraint only allows more, its text is
-rewritten in the schema, the procedure SQLite's documentation gives for loosening a
-CHECK constraint (ALTER TABLE, "Making Other Kinds Of Table Schema Changes").
+The status CHECK constraint is replaced (see hongbao.ledger.migration_ops.replace_check:
+on SQLite, the new constraint only allows more).
 
 Revision ID: 0006
 Revises: 0005
@@ -20,6 +17,8 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
+
+from hongbao.ledger.migration_ops import replace_check
 
 revision = "0006"
 down_revision = "0005"
@@ -58,37 +57,13 @@ def upgrade() -> None:
         sa.Column("sends", sa.Integer, nullable=False),
         sa.Column("amount", sa.BigInteger, nullable=False),
     )
-    _replace_check(OLD_CHECK, NEW_CHECK)
+    replace_check("hb_packets", CHECK_NAME, OLD_CHECK, NEW_CHECK)
 
 
 def downgrade() -> None:
     # a cancelled packet was closed and refunded, as an expired one is
     op.execute("UPDATE hb_packets SET status = 'expired' WHERE status = 'cancelled'")
-    _replace_check(NEW_CHECK, OLD_CHECK)
+    replace_check("hb_packets", CHECK_NAME, NEW_CHECK, OLD_CHECK)
     op.drop_table("hb_sender_days")
     op.drop_table("hb_packet_audience")
     op.drop_table("hb_packet_rules")
-
-
-def _replace_check(old: str, new: str) -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        op.drop_constraint(CHECK_NAME, "hb_packets", type_="check")
-        op.create_check_constraint(CHECK_NAME, "hb_packets", new)
-        return
-    table_sql = bind.exec_driver_sql(
-        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'hb_packets'"
-    ).scalar_one()
-    if old not in table_sql:
-        raise RuntimeError(f"hb_packets has no CHECK ({old}) to replace: {table_sql}")
-    version = bind.exec_driver_sql("PRAGMA schema_version").scalar_one()
-    bind.exec_driver_sql("PRAGMA writable_schema = ON")
-    try:
-        bind.exec_driver_sql(
-            "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'hb_packets'",
-            (table_sql.replace(old, new),),
-        )
-        # other connections read the schema again when its version changes
-        bind.exec_driver_sql(f"PRAGMA schema_version = {int(version) + 1}")
-    finally:
-        bind.exec_driver_sql("PRAGMA writable_schema = OFF")
