@@ -25,8 +25,8 @@ Scenarios = Annotated[
         "--scenarios",
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
         "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-rules, hongbao-http, designs, "
-        "memory, micro, history, hongbao-cluster (default: all; hongbao-cluster needs a "
-        "redis+cluster:// URL).",
+        "memory, micro, history, settle, hongbao-cluster (default: all; hongbao-cluster "
+        "needs a redis+cluster:// URL).",
         show_default=False,
     ),
 ]
