@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
 from hongbao.domain.splitting import SplitLimits
+from hongbao.ledger import database_url
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao_bench.cluster import Admin, admin_for, is_cluster_url
@@ -32,6 +37,7 @@ OURS = frozenset(
         "hongbao-http",
         "memory",
         "history",
+        "settle",
         "hongbao-cluster",
     }
 )
@@ -197,3 +203,16 @@ async def audit_packets(
                 problems.append(f"packet {packet_id}: share {claim.seq} has the wrong amount")
             claims[user_ids.get(user, -1)].append(claim.amount)
     return dict(claims), (left_count, left_amount), problems
+
+
+async def admin_statement(admin_url: str, statement: str) -> list[tuple[Any, ...]]:
+    """Run one statement outside a transaction on a database server's admin connection
+    (CREATE DATABASE, DROP DATABASE, a catalog query); the rows it returned."""
+    engine = create_async_engine(database_url(admin_url), poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            result = await conn.execute(sa.text(statement))
+            return [tuple(row) for row in result] if result.returns_rows else []
+    finally:
+        await engine.dispose()

@@ -29,15 +29,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
 from hongbao.domain.ids import new_packet_id
 from hongbao.history import BestLuckIndexer, History
-from hongbao.ledger import SqlLedger, database_url
+from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import claims, entries, packets, shares, wallets
 from hongbao.runtime import settle_heap
-from hongbao_bench.common import BenchContext, Outcome
+from hongbao_bench.common import BenchContext, Outcome, admin_statement
 
 #: the user whose record is read
 ME = "bench-me"
@@ -107,7 +105,7 @@ async def _run_on(ctx: BenchContext, name: str, admin_url: str | None, size: Siz
     else:
         url = make_url(admin_url).set(database=private).render_as_string(hide_password=False)
         try:
-            await _admin(admin_url, f"CREATE DATABASE {private}")
+            await admin_statement(admin_url, f"CREATE DATABASE {private}")
         except (OSError, sa.exc.SQLAlchemyError) as exc:
             raise _Unreachable(f"unreachable: {exc}") from exc
     ledger = SqlLedger.from_url(url)
@@ -167,7 +165,7 @@ async def _run_on(ctx: BenchContext, name: str, admin_url: str | None, size: Siz
         await ledger.aclose()
         if admin_url is not None:
             drop = f"DROP DATABASE {private}" + (" WITH (FORCE)" if name == "postgresql" else "")
-            await _admin(admin_url, drop)
+            await admin_statement(admin_url, drop)
 
 
 def history_target(outcomes: Sequence[Outcome]) -> tuple[float | None, str]:
@@ -199,16 +197,6 @@ async def _walk(read: Callable[..., Awaitable[Any]], samples: list[float] | None
 def _quantile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def _admin(admin_url: str, statement: str) -> None:
-    engine = create_async_engine(database_url(admin_url), poolclass=NullPool)
-    try:
-        async with engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(sa.text(statement))
-    finally:
-        await engine.dispose()
 
 
 # -- the ledger ---------------------------------------------------------------------------------

@@ -90,6 +90,9 @@ function request()
   return lines[i]
 end
 
+"""
+#: wrk's summary as one JSON line, which `run_wrk` reads (the end of every bench wrk script)
+WRK_DONE = r"""
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -101,7 +104,7 @@ end
 """
 
 
-def _wait_http(
+def wait_http(
     port: int,
     proc: subprocess.Popen[bytes],
     path: str,
@@ -127,13 +130,13 @@ def _wait_http(
 
 
 @contextlib.contextmanager
-def _server(
+def http_server(
     args: list[str], env: dict[str, str], port: int, path: str, log: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            _wait_http(port, proc, path, log, HTTP_WORKERS)
+            wait_http(port, proc, path, log, HTTP_WORKERS)
             yield proc
         finally:
             stop_process(proc, 30)
@@ -165,9 +168,22 @@ def _wrk(
 ) -> dict[str, Any]:
     """Run wrk; `on_ready` is called once its script has built the requests (reading the
     users file takes wrk a second or more, which is not load)."""
+    args = [str(users.path), str(first), str(count), str(users.width)]
+    return run_wrk(port, script, args, seconds, connections, on_ready)
+
+
+def run_wrk(
+    port: int,
+    script: Path,
+    script_args: list[str],
+    seconds: float,
+    connections: int,
+    on_ready: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Run wrk (one thread) with a script that prints WRKREADY when its requests are built
+    and ends with `WRK_DONE`; its summary, with "rps". `on_ready` is called at WRKREADY."""
     args = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
-    args += ["-s", str(script), f"http://127.0.0.1:{port}", "--", str(users.path)]
-    args += [str(first), str(count), str(users.width)]
+    args += ["-s", str(script), f"http://127.0.0.1:{port}", "--", *script_args]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(seconds + 120, proc.kill)
     watchdog.start()
@@ -339,7 +355,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
             work / "users.txt", [f"{packet_ids[k % packets]} {t}" for k, t in enumerate(tokens)]
         )
         script = work / "grab.lua"
-        script.write_text(WRK_SCRIPT, encoding="ascii")
+        script.write_text(WRK_SCRIPT + WRK_DONE, encoding="ascii")
         conns, secs = p.http_connections, p.http_seconds
         slices = max(1, min(MAX_SLICES, int(secs)))
         per_slice = RATE_CEILING * max(1, round(secs / slices))
@@ -353,8 +369,8 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         serve_args += ["--data-dir", str(work / "data"), "--no-persister", *uvicorn_opts]
         ctx.say("hello-world and hongbao serve, 2 workers each: starting")
         with (
-            _server(hello_args, env, hello_port, "/healthz", work / "hello.log") as hello_proc,
-            _server(serve_args, env, grab_port, "/healthz", work / "serve.log") as grab_proc,
+            http_server(hello_args, env, hello_port, "/healthz", work / "hello.log") as hello_proc,
+            http_server(serve_args, env, grab_port, "/healthz", work / "serve.log") as grab_proc,
         ):
             hello = _Side(hello_proc.pid, hello_port, warm_users, False)
             grab = _Side(grab_proc.pid, grab_port, warm_users, True)

@@ -83,3 +83,32 @@ def tree_cpu_seconds(pid: int) -> float:
 def peak_rss_mb() -> float:
     """The most memory this process has held (its peak resident set), in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def process_cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """CPU seconds (user + system) of one process, its threads included, from /proc (Linux);
+    with `reaped`, also those of its children that ended and were waited for. 0.0 when the
+    process is gone or /proc cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    ticks = int(stat[11]) + int(stat[12])
+    if reaped:
+        ticks += int(stat[13]) + int(stat[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def pids_named(*names: str) -> list[int]:
+    """The processes of this machine whose command name (/proc/PID/comm) is one of `names`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in names:
+            found.append(int(entry.name))
+    return found

@@ -32,6 +32,10 @@ class Profile:
     #: the peers scenario: alternating rounds, and seconds of wrk per server and round
     peers_rounds: int = 3
     peers_seconds: int = 10
+    #: settle: claims each drain row grabs (over 20 packets) before its persisters start
+    settle_claims: int = 100_000
+    #: settle: seconds of each HTTP storm
+    settle_storm_seconds: float = 60.0
 
     @property
     def cluster_grabs(self) -> int:
@@ -62,6 +66,8 @@ PROFILES: dict[str, Profile] = {
         memory_shares=1_000,
         spread_packets=40,
         spread_shares=10,
+        settle_claims=2_000,
+        settle_storm_seconds=1.0,
     ),
     "quick": Profile(
         name="quick",
@@ -79,6 +85,8 @@ PROFILES: dict[str, Profile] = {
         design_shares=100,
         design_grabbers=200,
         design_concurrency=20,
+        settle_claims=20_000,
+        settle_storm_seconds=10.0,
     ),
     "full": Profile(
         name="full",
@@ -122,4 +130,5 @@ def profile_for(size: str | None, quick: bool) -> Profile:
         nocoalesce_shares=max(10, int(base.nocoalesce_shares * scale)),
         spread_packets=max(20, min(base.spread_packets, int(base.spread_packets * scale))),
         spread_shares=max(1, min(base.spread_shares, int(base.spread_shares * scale))),
+        settle_claims=max(1_000, int(base.settle_claims * scale)),
     )

@@ -16,6 +16,7 @@ from hongbao_bench.common import Outcome
 from hongbao_bench.history_scenario import TARGET_P99_MS, history_target
 from hongbao_bench.peers import P99_MS as PEERS_P99_MS
 from hongbao_bench.peers import ratios as peers_ratios
+from hongbao_bench.settle_scenario import settle_targets
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def targets(outcomes: Sequence[Outcome]) -> list[Target]:
         ),
         Target("Redis bytes per claim", per_claim, "<= 96 B", _check(per_claim, at_most=96), "B"),
         *history_targets(outcomes),
+        *[Target(t.name, t.value, t.goal, t.met, t.unit) for t in settle_targets(outcomes)],
         *cluster_targets(outcomes),
         *peers_targets(outcomes),
     ]
@@ -186,6 +188,8 @@ def _headline(o: Outcome) -> str:
         bits.append(_cluster_headline(f))
     elif "redis_cpu_pct" in f:
         bits.append(f"redis cpu {f['redis_cpu_pct']}%")
+    if "persister_us_per_claim" in f:
+        bits.append(_settle_headline(f))
     if "python_cpu_pct" in f:
         bits.append(f"python cpu {f['python_cpu_pct']}%")
     if "python_us_per_grab" in f:
@@ -225,6 +229,23 @@ def _headline(o: Outcome) -> str:
     if o.note:
         bits.append(o.note)
     return "; ".join(bits)
+
+
+def _settle_headline(f: dict[str, Any]) -> str:
+    """A settle row: the CPU per claim of each side, and a storm's backlog."""
+    text = f"cpu per claim: persister {f['persister_us_per_claim']}us"
+    if f.get("db_us_per_claim") is not None:
+        text += f", database {f['db_us_per_claim']}us ({f['db_cpu_scope']})"
+    if f.get("serve_tree_us_per_claim") is not None:
+        text += f", serve's process tree {f['serve_tree_us_per_claim']}us"
+    text += f", redis {f['redis_us_per_claim']}us"
+    if "max_backlog_claims" in f:
+        text += (
+            f"; largest backlog {f['max_backlog_claims']:,} claims "
+            f"({f['max_backlog_seconds']} s of grabs), caught up {f['catch_up_seconds']} s "
+            f"after the storm; lag max {f['lag_max_ms']} ms; grab p99 {f['grab_p99_ms']} ms"
+        )
+    return text
 
 
 def _cluster_headline(f: dict[str, Any]) -> str:

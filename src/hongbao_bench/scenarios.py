@@ -20,6 +20,10 @@ Scenario names (``--scenarios``), in the order they run:
 * ``history``: pages of the red-packet record and of a wallet's entries over a ledger of
   1,000,000 claims on PostgreSQL, and smaller ones on MariaDB and SQLite
   (`hongbao_bench.history_scenario`);
+* ``settle``: claims/s one persister settles from full streams on PostgreSQL, MariaDB and
+  SQLite (and two on PostgreSQL), and the grab-to-credit lag and backlog while `hongbao
+  serve` is loaded over HTTP, on the embedded default and on PostgreSQL + Redis
+  (`hongbao_bench.settle_scenario`);
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
   (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison;
@@ -47,6 +51,7 @@ from hongbao_bench.memory import memory_scenario
 from hongbao_bench.micro import micro
 from hongbao_bench.peers import peers
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
+from hongbao_bench.settle_scenario import settle_scenario
 
 Runner = Callable[[BenchContext], Awaitable[list[Outcome]]]
 
@@ -64,6 +69,7 @@ RUNNERS: dict[str, Runner] = {
     "memory": memory_scenario,
     "micro": micro,
     "history": history_scenario,
+    "settle": settle_scenario,
     "hongbao-cluster": cluster_scenario,
     "peers": peers,
 }
