@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -65,6 +66,20 @@ async def test_send_debits_once_and_refuses_overdraft(ledger: SqlLedger) -> None
     with pytest.raises(IdempotencyConflict):
         await ledger.create_packet(record("s", 100, 1, request_hash="other"), [100], "key-1")
     assert await ledger.balance("s") == 400
+    assert await ledger.audit() == []
+
+
+async def test_retries_racing_a_send_of_the_whole_balance_get_its_packet(
+    ledger: SqlLedger,
+) -> None:
+    """Each retry waits for the first request's debit of the wallet row and then finds it
+    empty: the answer is the packet that request made, not insufficient_balance."""
+    await ledger.deposit("s", 600, "r")
+    sends = [ledger.create_packet(record("s", 600, 2), [200, 400], "key-all") for _ in range(10)]
+    results = await asyncio.gather(*sends)
+    assert len({packet.id for packet, _ in results}) == 1
+    assert [created for _, created in results].count(True) == 1
+    assert await ledger.balance("s") == 0
     assert await ledger.audit() == []
 
 

@@ -213,21 +213,9 @@ class SqlLedger:
         """
 
         async def work(conn: AsyncConnection) -> tuple[PacketRecord, bool]:
-            if idempotency_key is not None:
-                earlier = await conn.execute(
-                    sa.select(*PACKET_COLUMNS).where(
-                        packets.c.sender_id == record.sender_id,
-                        packets.c.idempotency_key == idempotency_key,
-                    )
-                )
-                row = earlier.first()
-                if row is not None:
-                    found = packet_from_row(row)
-                    if found.request_hash != record.request_hash:
-                        raise IdempotencyConflict(
-                            "this Idempotency-Key was used before with a different request"
-                        )
-                    return found, False
+            found = await _sent_before(conn, record, idempotency_key)
+            if found is not None:
+                return found, False
             if limits is not None and limits.any:
                 await count_send(
                     conn, record.sender_id, record.total_amount, limits, record.created_at
@@ -241,6 +229,12 @@ class SqlLedger:
                 .values(balance=wallets.c.balance - record.total_amount, updated_at=utcnow())
             )
             if debited.rowcount != 1:
+                # a retry that raced the first request waited for its debit of the wallet
+                # row; the first has committed by then (READ COMMITTED, or SQLite's one
+                # writer), and its packet is the answer, not "insufficient balance"
+                found = await _sent_before(conn, record, idempotency_key)
+                if found is not None:
+                    return found, False
                 raise InsufficientBalance(
                     f"wallet of {record.sender_id} holds less than {record.total_amount} fen"
                 )
@@ -407,6 +401,29 @@ class _Guard:
             await self._cm.__aexit__(*exc)
         except (DBAPIError, OSError) as err:
             raise StorageError(f"database: {err}") from err
+
+
+async def _sent_before(
+    conn: AsyncConnection, record: PacketRecord, idempotency_key: str | None
+) -> PacketRecord | None:
+    """The packet this sender sent with this Idempotency-Key before, read afresh (None:
+    none, or no key); IdempotencyConflict when it was sent for another request."""
+    if idempotency_key is None:
+        return None
+    row = (
+        await conn.execute(
+            sa.select(*PACKET_COLUMNS).where(
+                packets.c.sender_id == record.sender_id,
+                packets.c.idempotency_key == idempotency_key,
+            )
+        )
+    ).first()
+    if row is None:
+        return None
+    found = packet_from_row(row)
+    if found.request_hash != record.request_hash:
+        raise IdempotencyConflict("this Idempotency-Key was used before with a different request")
+    return found
 
 
 def deposit_reference(user_id: str, key: str) -> str:
