@@ -49,12 +49,12 @@ from hongbao_bench.common import (
 )
 from hongbao_bench.harness import account
 from hongbao_bench.meters import machine_busy_seconds
+from hongbao_bench.processes import expect_line
 
 GROUP = "hongbao-cluster"
 #: hot packets per targeted primary (its client process spreads grabs over them)
 PACKETS_PER_PRIMARY = 2
 #: longest wait for one worker to connect, or to finish its grabs
-WORKER_TIMEOUT = 900.0
 
 Shares = dict[str, list[int]]
 
@@ -103,20 +103,6 @@ class Run:
     machine_pct: float | None
 
 
-def _tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-600:] if log.exists() else ""
-
-
-async def _expect(proc: asyncio.subprocess.Process, word: str, log: Path) -> None:
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), WORKER_TIMEOUT)
-    except TimeoutError:
-        line = b"(timed out)"
-    if line.decode(errors="replace").strip() != word:
-        raise RuntimeError(f"cluster worker said {line[:200]!r}, not {word!r}: {_tail(log)}")
-
-
 async def run_workers(
     ctx: BenchContext, admin: Admin, url: str, buckets: int, placed: dict[str, Shares], user: int
 ) -> Run:
@@ -143,17 +129,23 @@ async def run_workers(
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log,
                 )
-        await asyncio.gather(*(_expect(procs[n], "ready", logs[n]) for n in procs))
+        await asyncio.gather(
+            *(expect_line(procs[n], "ready", logs[n], "cluster worker") for n in procs)
+        )
         cpu0, machine0 = cpu_by_node(admin), machine_busy_seconds()
         t0 = time.perf_counter()
         for proc in procs.values():
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
         await asyncio.gather(*(p.stdin.drain() for p in procs.values() if p.stdin))
-        await asyncio.gather(*(_expect(procs[n], "finished", logs[n]) for n in procs))
+        await asyncio.gather(
+            *(expect_line(procs[n], "finished", logs[n], "cluster worker") for n in procs)
+        )
         metered = time.perf_counter() - t0
         cpu1, machine1 = cpu_by_node(admin), machine_busy_seconds()
-        await asyncio.gather(*(_expect(procs[n], "done", logs[n]) for n in procs))
+        await asyncio.gather(
+            *(expect_line(procs[n], "done", logs[n], "cluster worker") for n in procs)
+        )
         await asyncio.gather(*(p.wait() for p in procs.values()))
     finally:
         for proc in procs.values():

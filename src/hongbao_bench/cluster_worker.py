@@ -21,6 +21,7 @@ from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao_bench.harness import call_shape, engine_storm
+from hongbao_bench.processes import worker_main
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,7 @@ async def run(job: Job) -> dict[str, Any]:
 
 
 def main() -> None:
-    job_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
-    from hongbao.console import run_async
-
-    result = run_async(run(Job.load(job_file)))
-    result_file.write_text(json.dumps(result), encoding="utf-8")
-    print("done", flush=True)
+    worker_main(lambda job_file: run(Job.load(job_file)))
 
 
 if __name__ == "__main__":

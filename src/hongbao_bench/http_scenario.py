@@ -39,6 +39,7 @@ from hongbao_bench.common import (
 )
 from hongbao_bench.harness import stop_process
 from hongbao_bench.meters import CpuMeter, tree_cpu_seconds
+from hongbao_bench.processes import mint_tokens
 from hongbao_bench.results import ScenarioResult
 
 HTTP_WORKERS = 2
@@ -339,18 +340,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
         packet_ids = list(shares)
         users = [f"h{k}" for k in range(1, packets * per_packet + 1)]
         ctx.say(f"{len(users):,} tokens")
-        proc = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "hongbao.cli", "token", "-", "--ttl", "3600"],
-            input="\n".join(users),
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
-        tokens = proc.stdout.split()
-        if len(tokens) != len(users):
-            raise RuntimeError("hongbao token did not print one token per user")
+        tokens = await mint_tokens(users, env)
         user_file = _Users.write(
             work / "users.txt", [f"{packet_ids[k % packets]} {t}" for k, t in enumerate(tokens)]
         )

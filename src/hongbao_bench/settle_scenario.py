@@ -91,6 +91,7 @@ from hongbao_bench.meters import (
     process_cpu_seconds,
     tree_cpu_seconds,
 )
+from hongbao_bench.processes import expect_line, mint_tokens
 from hongbao_bench.settle_worker import Job
 
 #: packets of a drain row
@@ -110,7 +111,6 @@ SAMPLE_SECONDS = 0.1
 #: how long the ledger may take to catch up after a storm, seconds
 CATCH_UP_TIMEOUT = 300.0
 #: how long a persister process may take to start or drain, seconds
-WORKER_TIMEOUT = 900.0
 HTTP_WORKERS = 2
 
 WRK_SCRIPT = r"""
@@ -331,20 +331,6 @@ async def _drain_row(
     )
 
 
-async def _expect(proc: asyncio.subprocess.Process, word: str, log: Path) -> None:
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), WORKER_TIMEOUT)
-    except TimeoutError:
-        line = b"(timed out)"
-    if line.decode(errors="replace").strip() != word:
-        raise RuntimeError(f"settle persister said {line[:200]!r}, not {word!r}: {_tail(log)}")
-
-
-def _tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-600:] if log.exists() else ""
-
-
 async def _tell(procs: Sequence[asyncio.subprocess.Process]) -> None:
     for proc in procs:
         assert proc.stdin is not None
@@ -375,18 +361,29 @@ async def _run_persisters(
                     )
                 )
         await asyncio.gather(
-            *(_expect(p, "ready", log) for p, log in zip(procs, logs, strict=True))
+            *(
+                expect_line(p, "ready", log, "settle persister")
+                for p, log in zip(procs, logs, strict=True)
+            )
         )
         await db.begin()
         meter, t0 = CpuMeter(admin), time.perf_counter()
         await _tell(procs)
         await asyncio.gather(
-            *(_expect(p, "finished", log) for p, log in zip(procs, logs, strict=True))
+            *(
+                expect_line(p, "finished", log, "settle persister")
+                for p, log in zip(procs, logs, strict=True)
+            )
         )
         metered = time.perf_counter() - t0
         db_cpu = await db.seconds()
         await _tell(procs)
-        await asyncio.gather(*(_expect(p, "done", log) for p, log in zip(procs, logs, strict=True)))
+        await asyncio.gather(
+            *(
+                expect_line(p, "done", log, "settle persister")
+                for p, log in zip(procs, logs, strict=True)
+            )
+        )
         await asyncio.gather(*(p.wait() for p in procs))
     finally:
         admin.close()
@@ -607,7 +604,7 @@ async def _storm(
     shares = await send_packets(service, packets, STORM_USERS, random.Random(31))
     packet_ids = list(shares)
     users = [f"st{k}" for k in range(1, STORM_USERS + 1)]
-    tokens = await _tokens(users, env)
+    tokens = await mint_tokens(users, env)
     (work / "tokens.txt").write_text("\n".join(tokens) + "\n", encoding="ascii")
     (work / "packets.txt").write_text("\n".join(packet_ids) + "\n", encoding="ascii")
     script = work / "storm.lua"
@@ -722,22 +719,6 @@ async def _claim_count(service: Hongbao) -> int:
         return int(
             (await conn.execute(sa.select(sa.func.count()).select_from(claims))).scalar_one()
         )
-
-
-async def _tokens(users: Sequence[str], env: dict[str, str]) -> list[str]:
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "hongbao.cli", "token", "-", "--ttl", "3600"],
-        input="\n".join(users),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    tokens = proc.stdout.split()
-    if len(tokens) != len(users):
-        raise RuntimeError("hongbao token did not print one token per user")
-    return tokens
 
 
 # -- targets -----------------------------------------------------------------------------------
