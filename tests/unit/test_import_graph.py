@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "hongbao.metrics",
             "hongbao.runtime",
             "hongbao.rules",
+            "hongbao.webhooks.",
         ],
     ),
     ("identity", ["hongbao.identity."]),
