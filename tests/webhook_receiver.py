@@ -4,6 +4,10 @@ port, in a thread of its own, that checks every message's signature with the
 
 `answer` sets the status it replies with (200 by default; 410 makes hongbao disable the
 endpoint); `stop()` closes the port and `start()` opens the same one again.
+
+A test asks for the receiver before the app or service fixtures, so that it stops after
+them: stopping it while the app's dispatcher still holds a connection to it has left the
+app's own shutdown hanging.
 """
 
 from __future__ import annotations

@@ -187,16 +187,23 @@ class WebhookStore:
         `previous_valid_for`; None if there is no such endpoint."""
 
         async def work(conn: AsyncConnection) -> int:
-            changed = await conn.execute(
+            # read first: MySQL evaluates SET left to right, so `previous_secret = secret`
+            # could see the new secret
+            current = await conn.scalar(
+                sa.select(_E.c.secret).where(_E.c.id == endpoint_id).with_for_update()
+            )
+            if current is None:
+                return 0
+            await conn.execute(
                 _E.update()
                 .where(_E.c.id == endpoint_id)
                 .values(
-                    previous_secret=_E.c.secret,
+                    previous_secret=current,
                     previous_secret_until=utcnow() + previous_valid_for,
                     secret=secret,
                 )
             )
-            return int(changed.rowcount)
+            return 1
 
         if not await self.ledger.transaction(work):
             return None
