@@ -320,6 +320,7 @@ class Api:
     async def metrics_text(self, request: Request) -> Response:
         if self.runtime is not None:
             await self.metrics.refresh(self.runtime.service.store)
+            await self.metrics.refresh_webhooks(self.runtime.service.ledger)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def openapi_json(self, request: Request) -> Response:
