@@ -22,6 +22,7 @@ from hongbao.api.headers import SecurityHeaders
 from hongbao.api.history import HistoryApi
 from hongbao.api.openapi import build_openapi
 from hongbao.api.routes import Api
+from hongbao.api.webhooks import WebhooksApi
 from hongbao.api.withdrawals import WithdrawalsApi
 from hongbao.identity import redact
 from hongbao.identity.config import IdentityConfig
@@ -104,6 +105,7 @@ def create_app(
             *api.routes(metrics=metrics_address is None),
             *HistoryApi(api).routes(),
             *WithdrawalsApi(api).routes(),
+            *WebhooksApi(api).routes(),
             *web.routes(),
         ],
         # the grab's fast path first (its answers carry the security headers themselves)

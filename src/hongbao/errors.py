@@ -98,6 +98,10 @@ class PacketNotFound(NotFound):
     code = "packet_not_found"
 
 
+class WebhookNotFound(NotFound):
+    code = "webhook_not_found"
+
+
 class PacketExhausted(HongbaoError):
     code = "packet_exhausted"
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of the API: grabs by outcome, grab latency, two gauges read from
 Redis at scrape time (persister backlog, dead-lettered entries), and withdrawals by
-outcome read from the ledger at scrape time.
+outcome and the webhook queue's gauges read from the ledger at scrape time.
 
 Under `hongbao serve --workers N` a scrape reaches one worker, so the workers share a
 folder: each writes its grab tally there every `PUBLISH_SECONDS`, and the worker that
@@ -16,6 +16,7 @@ import os
 import secrets
 from bisect import bisect_left
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -31,6 +32,8 @@ from prometheus_client.registry import Collector
 
 from hongbao.domain.withdrawals import WithdrawalStatus
 from hongbao.errors import StorageError
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.storage.redis import RedisStore
 from hongbao.withdrawals import Withdrawals
 
@@ -222,6 +225,36 @@ class Metrics:
         )
         self.withdrawals = WithdrawalTotals()
         self.registry.register(self.withdrawals)
+        self.webhook_deliveries = Gauge(
+            "hongbao_webhook_deliveries",
+            "Webhook deliveries by status: pending, delivered, parked (retries ran out, or "
+            "its endpoint was disabled), and failing (pending after a failed attempt).",
+            ["status"],
+            registry=self.registry,
+        )
+        self.webhook_oldest_pending = Gauge(
+            "hongbao_webhook_oldest_pending_seconds",
+            "Age of the oldest pending webhook delivery (0 when none is pending).",
+            registry=self.registry,
+        )
+
+    async def refresh_webhooks(self, ledger: SqlLedger) -> bool:
+        """Read the webhook delivery gauges from the ledger; False if it does not answer."""
+        try:
+            stats = await WebhookStore(ledger).stats()
+        except StorageError:
+            return False
+        for status, count in (
+            ("pending", stats.pending),
+            ("delivered", stats.delivered),
+            ("parked", stats.parked),
+            ("failing", stats.failing),
+        ):
+            self.webhook_deliveries.labels(status).set(count)
+        oldest = stats.oldest_pending
+        age = 0.0 if oldest is None else (datetime.now(UTC) - oldest).total_seconds()
+        self.webhook_oldest_pending.set(max(age, 0.0))
+        return True
 
     async def refresh(self, store: RedisStore) -> bool:
         """Read the gauges from Redis; False (gauges unchanged) if Redis does not answer."""

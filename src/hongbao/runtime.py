@@ -17,6 +17,7 @@ from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao.sweeper import Sweeper
+from hongbao.webhooks import Dispatcher
 
 log = logging.getLogger("hongbao.runtime")
 
@@ -26,13 +27,14 @@ STOP_TIMEOUT = 15.0
 
 @dataclass
 class Runtime:
-    """A connected service and, when running workers, its persister, sweeper and
-    best-luck indexer."""
+    """A connected service and, when running workers, its persister, sweeper, best-luck
+    indexer and webhook dispatcher."""
 
     service: Hongbao
     persister: Persister | None = None
     sweeper: Sweeper | None = None
     indexer: BestLuckIndexer | None = None
+    dispatcher: Dispatcher | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -45,7 +47,8 @@ class Runtime:
 async def running_service(
     settings: Settings, *, workers: bool, passphrase_keys: Sequence[bytes] = ()
 ) -> AsyncIterator[Runtime]:
-    """Connect (and migrate) the service; with `workers`, run the persister and sweeper.
+    """Connect (and migrate) the service; with `workers`, run the persister, the sweeper,
+    the best-luck indexer and the webhook dispatcher.
     `passphrase_keys` digest packet passphrases (the API's service needs them).
 
     On exit the workers are asked to stop and awaited (the persister finishes the
@@ -58,10 +61,12 @@ async def running_service(
             runtime.persister = Persister(service.store, service.ledger, settings)
             runtime.sweeper = Sweeper(service)
             runtime.indexer = BestLuckIndexer(service.ledger)
+            runtime.dispatcher = Dispatcher(service.ledger, settings)
             runtime.tasks = [
                 asyncio.create_task(runtime.persister.run(runtime.stop), name="hongbao-persister"),
                 asyncio.create_task(runtime.sweeper.run(runtime.stop), name="hongbao-sweeper"),
                 asyncio.create_task(runtime.indexer.run(runtime.stop), name="hongbao-best-luck"),
+                asyncio.create_task(runtime.dispatcher.run(runtime.stop), name="hongbao-webhooks"),
             ]
             for task in runtime.tasks:
                 task.add_done_callback(_report_crash)

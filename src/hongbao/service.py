@@ -68,6 +68,7 @@ from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import LiveStatus
+from hongbao.webhooks import WebhookEndpoints
 from hongbao.withdrawals import Withdrawals
 
 #: the grab path compares statuses with module constants: reading a member off an Enum
@@ -116,6 +117,8 @@ class Hongbao:
         self.withdrawals = Withdrawals(ledger)
         #: the red-packet record and the daily statements, read from the ledger
         self.history = History(ledger)
+        #: the webhook endpoints that receive the ledger's events
+        self.webhooks = WebhookEndpoints(ledger)
 
     @classmethod
     async def connect(

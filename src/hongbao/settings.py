@@ -131,6 +131,17 @@ class Settings:
     max_sent_per_day: int = field(
         default=1_000_000_000, metadata=between(0, 1_000_000_000_000_000_000)
     )
+    #: webhooks: a delivery that still fails this many seconds after its event is parked
+    webhook_retry_seconds: int = field(default=86_400, metadata=between(1, 2_592_000))
+    #: webhooks: the longest wait between two attempts, seconds (the waits double from 1 s,
+    #: each drawn between half and all of its value)
+    webhook_max_backoff: float = field(default=3_600.0, metadata=between(0.01, 86_400))
+    #: webhooks: how long a receiver may take to answer, seconds
+    webhook_timeout: float = field(default=10.0, metadata=between(0.1, 300))
+    #: webhooks: (endpoint, subject) queues one dispatcher sends at once
+    webhook_concurrency: int = field(default=16, metadata=between(1, 1_024))
+    #: webhooks: seconds between two looks for due deliveries when there is nothing to send
+    webhook_poll_interval: float = field(default=0.25, metadata=between(0.01, 60))
     #: run on a Redis whose maxmemory-policy may evict keys (it may drop a packet's
     #: keys under memory pressure): a loud warning instead of a refusal
     allow_eviction: bool = False

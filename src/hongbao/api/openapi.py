@@ -32,6 +32,8 @@ from hongbao.api.schemas import (
     TicketOut,
     WalletOut,
 )
+from hongbao.api.webhooks import MODELS as WEBHOOK_MODELS
+from hongbao.api.webhooks import WebhookRequest
 from hongbao.api.withdrawals import MODELS as WITHDRAWAL_MODELS
 from hongbao.api.withdrawals import STATES as WITHDRAWAL_STATES
 from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
@@ -61,6 +63,8 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (TicketOut, "serialization"),
     *((model, "serialization") for model in HISTORY_MODELS),
     *WITHDRAWAL_MODELS,
+    (WebhookRequest, "validation"),
+    *((model, "serialization") for model in WEBHOOK_MODELS),
 ]
 
 _ERRORS = {
@@ -71,7 +75,10 @@ _ERRORS = {
         "(`forbidden`); a grab the packet's rules refuse: `not_in_audience`, "
         "`wrong_passphrase`"
     ),
-    404: "no such packet (`packet_not_found`) or no such route (`not_found`)",
+    404: (
+        "no such packet (`packet_not_found`), webhook endpoint (`webhook_not_found`) or "
+        "route (`not_found`)"
+    ),
     409: (
         "`insufficient_balance`, `idempotency_conflict` (same key, other body), or a grab "
         "before the packet's start (`not_started`; see Retry-After)"
@@ -255,6 +262,7 @@ def build_openapi(
         },
         **_history_paths(user),
         **_withdrawal_paths(user, idempotency, behalf),
+        **_webhook_paths(),
         "/healthz": {"get": _plain("healthz", "The process is up", {200: "Health"})},
         "/readyz": {
             "get": _plain(
@@ -523,6 +531,63 @@ def _withdrawal_paths(
                 if status in op["responses"]:
                     op["responses"][status] = _problem(description)
     return ops
+
+
+def _webhook_paths() -> dict[str, Any]:
+    """Webhook endpoints, for admins (api/webhooks.py)."""
+    webhook = _path_param("webhook_id", {"type": "string", "maxLength": 32})
+    deleted = {
+        "operationId": "deleteWebhook",
+        "summary": "Remove a webhook endpoint: nothing more is sent to it (admin only)",
+        "parameters": [webhook],
+        "responses": {"204": {"description": "removed"}, **_problems([401, 403, 404, 503])},
+    }
+    return {
+        "/v1/webhooks": {
+            "post": _op(
+                "createWebhook",
+                "Register an endpoint for some event types; the answer has its signing "
+                "secret (admin only)",
+                [],
+                _body("WebhookRequest"),
+                201,
+                "WebhookOut",
+                [400, 401, 403, 413, 415, 422, 503],
+            ),
+            "get": _op(
+                "listWebhooks",
+                "The webhook endpoints (admin only)",
+                [],
+                None,
+                200,
+                "WebhookListOut",
+                [401, 403, 503],
+            ),
+        },
+        "/v1/webhooks/{webhook_id}": {
+            "get": _op(
+                "getWebhook",
+                "A webhook endpoint (admin only)",
+                [webhook],
+                None,
+                200,
+                "WebhookOut",
+                [401, 403, 404, 503],
+            ),
+            "delete": deleted,
+        },
+        "/v1/webhooks/{webhook_id}/rotate-secret": {
+            "post": _op(
+                "rotateWebhookSecret",
+                "A new signing secret; the old one signs too for 24 hours (admin only)",
+                [webhook],
+                None,
+                200,
+                "WebhookOut",
+                [401, 403, 404, 503],
+            )
+        },
+    }
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -321,6 +321,7 @@ class Api:
         if self.runtime is not None:
             await self.metrics.refresh(self.runtime.service.store)
             await self.metrics.withdrawals.refresh(self.runtime.service.withdrawals)
+            await self.metrics.refresh_webhooks(self.runtime.service.ledger)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def openapi_json(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ import typer
 from hongbao.cli.serve import serve, worker
 from hongbao.cli.statement import statement
 from hongbao.cli.tools import audit, dead_letters, migrate, recover, token
+from hongbao.cli.webhooks import app as webhooks_app
 from hongbao.console import fail
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.command()(recover)
 app.command("dead-letters")(dead_letters)
 app.command()(token)
 app.command()(statement)
+app.add_typer(webhooks_app, name="webhooks")
 
 
 @app.command(

@@ -13,7 +13,7 @@ to a packet this transaction holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -21,6 +21,13 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger.bulk import Columns, bulk_for
+from hongbao.ledger.outbox import (
+    OutboxEvent,
+    claim_settled,
+    packet_closed,
+    packet_exhausted,
+    record_made_events,
+)
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
     ClaimEvent,
@@ -61,6 +68,7 @@ class ApplyBatch:
             if isinstance(ev, RefundEvent) and outcome[pos] is None:
                 outcome[pos] = changes.refund(ev)
         await self._write(new, changes)
+        await record_made_events(self.conn, lambda types: changes.events(new, types))
         return outcome
 
     async def _lock_packets(self, ids: list[str]) -> dict[str, PacketRecord]:
@@ -199,6 +207,8 @@ class _Changes:
         self.added: dict[str, _Added] = {}
         #: the refunds that move money
         self.refunds: list[RefundEvent] = []
+        #: the packets this batch closes (cancelled, or expired with or without a remainder)
+        self.closed: list[RefundEvent] = []
         for ev in new:
             added = self.added.get(ev.packet_id)
             if added is None:
@@ -237,7 +247,24 @@ class _Changes:
         )
         if ev.amount:
             self.refunds.append(ev)
+        self.closed.append(ev)
         return None
+
+    def events(self, new: list[ClaimEvent], types: Collection[str]) -> list[OutboxEvent]:
+        """What the batch reports of `types`, in the order it happened per packet: each
+        new claim (batch order), a packet its claims ran out (once: the claim that took
+        its last share is in this batch), then the packets it closed. A replay reports
+        nothing: it is neither a new claim nor a refund applied now."""
+        out = [claim_settled(ev) for ev in new] if "claim.settled" in types else []
+        if "packet.exhausted" in types:
+            for pid, added in sorted(self.added.items()):
+                record = self.found[pid]
+                if added.claims and record.claimed_count == record.count:
+                    out.append(packet_exhausted(record))
+        # a refund of nothing at expiry closes a packet whose shares all went: it
+        # reported packet.exhausted when its last claim applied
+        out.extend(packet_closed(ev) for ev in self.closed if ev.cancelled or ev.amount)
+        return out
 
     def columns(self) -> Columns:
         """PACKET_CHANGE_COLUMNS: one row per packet touched, in packet id order."""

@@ -279,10 +279,15 @@ webhook_deliveries = sa.Table(
     sa.Column("next_attempt_at", Timestamp, nullable=False),
     #: a dispatcher holds it until then (another takes over if that one died)
     sa.Column("leased_until", Timestamp, nullable=True),
+    #: the dispatcher holding the lease: only it may settle the delivery under that lease
+    sa.Column("leased_by", sa.String(40), nullable=True),
     sa.Column("last_status", sa.Integer, nullable=True),
     sa.Column("last_error", sa.String(300), nullable=True),
     sa.Column("delivered_at", Timestamp, nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
+    #: when an operator last put it back in the queue (`hongbao webhooks retry`): its
+    #: retries run for the retry window from then, not from created_at
+    sa.Column("requeued_at", Timestamp, nullable=True),
     sa.CheckConstraint("status IN ('pending', 'delivered', 'parked')", name="ck_delivery_status"),
     sa.UniqueConstraint("endpoint_id", "event_id", name="uq_delivery_endpoint_event"),
     #: the due ones, oldest first

@@ -35,6 +35,7 @@ from hongbao.errors import (
 from hongbao.ledger.apply import ApplyBatch
 from hongbao.ledger.audit import audit_ledger
 from hongbao.ledger.bulk import bulk_for
+from hongbao.ledger.outbox import packet_created, record_events, wallet_deposited
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
     ClaimEvent,
@@ -184,7 +185,10 @@ class SqlLedger:
                 row = entry_row(ref, user_id, "deposit", amount, actor=actor)
                 row["deposit_key"] = reference
                 await conn.execute(entries.insert(), [row])
-            return int(await conn.scalar(_balance_query(user_id)) or 0)
+            balance = int(await conn.scalar(_balance_query(user_id)) or 0)
+            if seen is None:
+                await record_events(conn, [wallet_deposited(user_id, amount, balance, actor)])
+            return balance
 
         return await self._transaction(work)
 
@@ -271,6 +275,7 @@ class SqlLedger:
                 await conn.execute(shares.insert(), list(chunk))
             if rules is not None:
                 await write_rules(conn, record.id, rules)
+            await record_events(conn, [packet_created(record, actor)])
             return record, True
 
         return await self._transaction(work)

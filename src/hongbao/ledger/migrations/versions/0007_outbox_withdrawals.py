@@ -92,10 +92,12 @@ def upgrade() -> None:
         sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
         sa.Column("next_attempt_at", Timestamp, nullable=False),
         sa.Column("leased_until", Timestamp, nullable=True),
+        sa.Column("leased_by", sa.String(40), nullable=True),
         sa.Column("last_status", sa.Integer, nullable=True),
         sa.Column("last_error", sa.String(300), nullable=True),
         sa.Column("delivered_at", Timestamp, nullable=True),
         sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("requeued_at", Timestamp, nullable=True),
         sa.CheckConstraint(
             "status IN ('pending', 'delivered', 'parked')", name="ck_delivery_status"
         ),

@@ -1,0 +1,126 @@
+"""`hongbao webhooks`: the operator's view of the webhook queue.
+
+- ``list``: the endpoints and the queue's counts;
+- ``failed``: parked deliveries and pending ones whose last attempt failed (exit 1 while
+  any delivery is parked);
+- ``retry ID`` / ``retry-all``: put them back in the queue, due now, with a fresh retry
+  window (the dispatcher of ``hongbao worker`` or ``hongbao serve`` sends them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+
+from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir
+from hongbao.console import err, fail, friendly_errors, run_async
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from hongbao.ledger.webhook_store import WebhookStore
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="webhooks",
+    help="Webhook endpoints and deliveries: list, failed, retry, retry-all.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _run(
+    database_url: str | None, data_dir: Path, work: Callable[[WebhookStore], Awaitable[T]]
+) -> T:
+    from hongbao.ledger import SqlLedger
+    from hongbao.ledger.webhook_store import WebhookStore
+    from hongbao.serving.embedded import ledger_url
+
+    async def run() -> T:
+        ledger = SqlLedger.from_url(database_url or ledger_url(data_dir))
+        try:
+            return await work(WebhookStore(ledger))
+        finally:
+            await ledger.aclose()
+
+    with friendly_errors():
+        return run_async(run())
+    raise AssertionError("unreachable")
+
+
+@app.command("list")
+def list_endpoints(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
+    """The endpoints, what they receive, and the deliveries by status."""
+
+    async def work(store: WebhookStore) -> None:
+        endpoints, stats = await store.endpoints(), await store.stats()
+        for e in endpoints:
+            state = "enabled" if e.enabled else f"disabled ({e.disabled_reason})"
+            typer.echo(f"{e.id}  {e.url}  {','.join(e.event_types)}  {state}")
+        if not endpoints:
+            typer.echo("no webhook endpoints")
+        oldest = "" if stats.oldest_pending is None else f", oldest since {stats.oldest_pending}"
+        typer.echo(
+            f"deliveries: {stats.pending} pending ({stats.failing} failing{oldest}), "
+            f"{stats.delivered} delivered, {stats.parked} parked"
+        )
+
+    _run(database_url, data_dir, work)
+
+
+@app.command("failed")
+def failed(
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Parked deliveries and failing ones, oldest first; exit 1 while any is parked."""
+
+    async def work(store: WebhookStore) -> int:
+        rows = await store.failed(limit)
+        for r in rows:
+            status = r.last_status if r.last_status is not None else "-"
+            typer.echo(
+                f"{r.id}  {r.status}  {r.event_type}  {r.event_id}  {r.endpoint_id} {r.url}  "
+                f"attempts {r.attempts}  last {status}: {r.last_error or ''}"
+            )
+        if not rows:
+            typer.echo("no failed deliveries")
+        return sum(r.status == "parked" for r in rows)
+
+    parked = _run(database_url, data_dir, work)
+    raise typer.Exit(1 if parked else 0)
+
+
+@app.command("retry")
+def retry(
+    delivery_id: Annotated[int, typer.Argument(help="The delivery (see `failed`).", min=1)],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Send one parked or failing delivery again, now."""
+
+    async def work(store: WebhookStore) -> int:
+        return await store.retry(delivery_id)
+
+    if not _run(database_url, data_dir, work):
+        fail(
+            f"no parked or failing delivery {delivery_id} of an enabled endpoint "
+            "(see hongbao webhooks failed)"
+        )
+    err.print(f"delivery {delivery_id} is due again", style="green")
+
+
+@app.command("retry-all")
+def retry_all(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
+    """Send every parked or failing delivery of the enabled endpoints again, now."""
+
+    async def work(store: WebhookStore) -> int:
+        return await store.retry()
+
+    count = _run(database_url, data_dir, work)
+    err.print(f"{count} deliveries are due again", style="green")

@@ -1,0 +1,18 @@
+"""Webhooks: endpoints registered by an admin receive the ledger's events, signed per the
+Standard Webhooks specification, at least once and in order per subject.
+
+The events are written by the ledger in the transaction of the change they report
+(hongbao.ledger.outbox); `Dispatcher` sends them; `WebhookEndpoints` registers receivers.
+"""
+
+from hongbao.webhooks.dispatcher import Dispatcher, message_body, signature_headers
+from hongbao.webhooks.endpoints import WebhookEndpoints, check_event_types, check_url
+
+__all__ = [
+    "Dispatcher",
+    "WebhookEndpoints",
+    "check_event_types",
+    "check_url",
+    "message_body",
+    "signature_headers",
+]

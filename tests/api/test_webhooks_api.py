@@ -1,0 +1,159 @@
+"""Webhook endpoints over HTTP: admin only, checked input, and what each call changes in
+what a real local receiver gets (every signature checked with `standardwebhooks`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import ADMIN, bearer, eventually
+from tests.webhook_receiver import Receiver
+
+pytestmark = [pytest.mark.redis, pytest.mark.integration]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+async def register(client: httpx.AsyncClient, url: str, events: list[str]) -> dict[str, Any]:
+    r = await client.post("/v1/webhooks", json={"url": url, "events": events}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def deposit(client: httpx.AsyncClient, user: str, amount: int) -> None:
+    r = await client.post(f"/v1/wallets/{user}/deposits", json={"amount": amount}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+
+
+async def arrived(receiver: Receiver, count: int) -> int:
+    async def probe() -> int:
+        return len(receiver.got)
+
+    return int(await eventually(probe, count))
+
+
+async def test_only_admins_manage_webhooks(client: httpx.AsyncClient) -> None:
+    made = await register(client, "http://127.0.0.1:9/hook", ["claim.settled"])
+    alice = bearer("alice")
+    calls = [
+        ("POST", "/v1/webhooks", {"url": "http://127.0.0.1:9/x", "events": ["claim.settled"]}),
+        ("GET", "/v1/webhooks", None),
+        ("GET", f"/v1/webhooks/{made['id']}", None),
+        ("DELETE", f"/v1/webhooks/{made['id']}", None),
+        ("POST", f"/v1/webhooks/{made['id']}/rotate-secret", None),
+    ]
+    for method, path, body in calls:
+        r = await client.request(method, path, json=body, headers=alice)
+        assert r.status_code == 403, (method, path, r.text)
+        assert r.json()["code"] == "forbidden"
+        r = await client.request(method, path, json=body)
+        assert r.status_code == 401
+    listed = (await client.get("/v1/webhooks", headers=ADMIN)).json()["webhooks"]
+    assert [w["id"] for w in listed] == [made["id"]]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"url": "ftp://127.0.0.1/hook", "events": ["claim.settled"]}, "url"),
+        ({"url": "not a url", "events": ["claim.settled"]}, "url"),
+        ({"url": "http://user:pw@127.0.0.1/hook", "events": ["claim.settled"]}, "url"),
+        ({"url": "http:///hook", "events": ["claim.settled"]}, "url"),
+        ({"url": "http://127.0.0.1/hook", "events": ["claim.sent"]}, "events"),
+        ({"url": "http://127.0.0.1/hook", "events": []}, "events"),
+        ({"url": "http://127.0.0.1/hook"}, "events"),
+        ({"url": "http://127.0.0.1/hook", "events": ["claim.settled"], "x": 1}, "x"),
+    ],
+)
+async def test_a_bad_url_or_event_type_is_a_422(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str
+) -> None:
+    r = await client.post("/v1/webhooks", json=body, headers=ADMIN)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    problem = r.json()
+    assert (problem["code"], problem["field"]) == ("invalid_request", field)
+    assert problem["detail"]
+    assert (await client.get("/v1/webhooks", headers=ADMIN)).json() == {"webhooks": []}
+
+
+async def test_a_registered_endpoint_receives_signed_events(
+    receiver: Receiver, client: httpx.AsyncClient
+) -> None:
+    made = await register(client, receiver.url, ["wallet.deposited"])
+    assert made["secret"].startswith("whsec_")
+    assert (made["enabled"], made["events"]) == (True, ["wallet.deposited"])
+    receiver.secrets = [made["secret"]]
+    await deposit(client, "alice", 500)
+    assert await arrived(receiver, 1) == 1
+    got = receiver.got[0]
+    assert got.type == "wallet.deposited"
+    assert got.data == {"user_id": "alice", "amount": 500, "balance": 500, "actor": "admin"}
+    assert got.id.startswith("evt_") and got.headers["webhook-id"] == got.id
+    assert receiver.refused == []
+    shown = (await client.get(f"/v1/webhooks/{made['id']}", headers=ADMIN)).json()
+    assert "secret" not in shown and shown["url"] == receiver.url
+    missing = await client.get("/v1/webhooks/we_nothing", headers=ADMIN)
+    assert (missing.status_code, missing.json()["code"]) == (404, "webhook_not_found")
+
+
+async def test_after_a_rotation_both_secrets_sign(
+    receiver: Receiver, client: httpx.AsyncClient
+) -> None:
+    made = await register(client, receiver.url, ["wallet.deposited"])
+    r = await client.post(f"/v1/webhooks/{made['id']}/rotate-secret", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    rotated = r.json()
+    assert rotated["secret"] != made["secret"] and rotated["previous_secret_expires_at"]
+    receiver.secrets = [made["secret"], rotated["secret"]]
+    await deposit(client, "bob", 100)
+    assert await arrived(receiver, 1) == 1
+    assert receiver.got[0].verified_by == (0, 1)
+    assert len(receiver.got[0].headers["webhook-signature"].split(" ")) == 2
+
+
+async def test_a_deleted_endpoint_gets_nothing_more(
+    receiver: Receiver, client: httpx.AsyncClient
+) -> None:
+    made = await register(client, receiver.url, ["wallet.deposited"])
+    receiver.secrets = [made["secret"]]
+    await deposit(client, "carol", 100)
+    assert await arrived(receiver, 1) == 1
+    r = await client.delete(f"/v1/webhooks/{made['id']}", headers=ADMIN)
+    assert r.status_code == 204
+    again = await client.delete(f"/v1/webhooks/{made['id']}", headers=ADMIN)
+    assert again.status_code == 404
+    await deposit(client, "carol", 100)
+    await asyncio.sleep(1.0)
+    assert len(receiver.got) == 1
+
+
+async def test_a_receiver_answering_410_disables_its_endpoint(
+    receiver: Receiver, client: httpx.AsyncClient
+) -> None:
+    made = await register(client, receiver.url, ["wallet.deposited"])
+    receiver.secrets = [made["secret"]]
+    receiver.answer = 410
+    await deposit(client, "dave", 100)
+    assert await arrived(receiver, 1) == 1
+
+    async def enabled() -> bool:
+        shown = (await client.get(f"/v1/webhooks/{made['id']}", headers=ADMIN)).json()
+        return bool(shown["enabled"])
+
+    assert await eventually(enabled, False) is False
+    shown = (await client.get(f"/v1/webhooks/{made['id']}", headers=ADMIN)).json()
+    assert "410" in shown["disabled_reason"]
+    await deposit(client, "dave", 100)
+    await asyncio.sleep(1.0)
+    assert len(receiver.got) == 1

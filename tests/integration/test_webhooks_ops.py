@@ -1,0 +1,95 @@
+"""What operators see of the webhook queue: retries and parking, `hongbao webhooks` and
+the /metrics gauges, on each SQL database, against a real local receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
+
+import pytest
+
+from hongbao.ledger.webhook_store import WebhookStore
+from hongbao.metrics import Metrics
+from hongbao.service import Hongbao
+from hongbao.settings import Settings
+from hongbao.webhooks import Dispatcher
+from tests.api.serving import run_cli
+from tests.webhook_receiver import Receiver
+
+pytestmark = [pytest.mark.redis, pytest.mark.integration]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+async def dispatch_until(
+    dispatcher: Dispatcher, done: Callable[[], Awaitable[bool]], within: float = 20.0
+) -> None:
+    """Run `dispatcher` until `done()` is true."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    deadline = time.monotonic() + within
+    try:
+        while not await done():
+            assert time.monotonic() < deadline, "not reached in time"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+
+
+async def test_failures_retry_with_backoff_then_park_and_operators_retry_them(
+    receiver: Receiver, service: Hongbao, settings: Settings, sql_url: str
+) -> None:
+    endpoint = await service.webhooks.create(receiver.url, ["wallet.deposited"])
+    receiver.secrets = [endpoint.secret]
+    receiver.answer = 500
+    await service.deposit("alice", 100)
+    await service.deposit("bob", 100)
+    store = WebhookStore(service.ledger)
+    fast = replace(settings, webhook_poll_interval=0.02, webhook_retry_seconds=2)
+
+    async def parked() -> bool:
+        return (await store.stats()).parked == 2
+
+    await dispatch_until(Dispatcher(service.ledger, fast), parked)
+    # 1 s, then about 1-2 s, until the 2 s window closed: a few attempts each, each signed
+    by_id: dict[str, int] = {}
+    for r in receiver.got:
+        by_id[r.id] = by_id.get(r.id, 0) + 1
+    assert len(by_id) == 2 and all(2 <= n <= 4 for n in by_id.values()), by_id
+    metrics = Metrics()
+    assert await metrics.refresh_webhooks(service.ledger)
+    text = metrics.render().decode()
+    assert 'hongbao_webhook_deliveries{status="parked"} 2.0' in text
+    assert 'hongbao_webhook_deliveries{status="pending"} 0.0' in text
+    assert "hongbao_webhook_oldest_pending_seconds 0.0" in text
+
+    url = ["--database-url", sql_url]
+    failed = run_cli("webhooks", "failed", *url)
+    assert failed.returncode == 1, failed.stderr
+    lines = failed.stdout.splitlines()
+    assert len(lines) == 2 and all("parked" in line and "HTTP 500" in line for line in lines)
+    first = int(lines[0].split()[0])
+    assert run_cli("webhooks", "retry", str(first), *url).returncode == 0
+    again = run_cli("webhooks", "retry", "999999", *url)
+    assert again.returncode == 2 and "no parked or failing delivery" in again.stderr
+    listed = run_cli("webhooks", "list", *url)
+    assert endpoint.id in listed.stdout and "1 pending" in listed.stdout, listed.stdout
+    assert run_cli("webhooks", "retry-all", *url).returncode == 0
+
+    receiver.answer = 200
+    seen = len(receiver.got)
+
+    async def delivered() -> bool:
+        return (await store.stats()).delivered == 2
+
+    await dispatch_until(Dispatcher(service.ledger, fast), delivered)
+    assert len(receiver.got) == seen + 2 and receiver.refused == []
+    assert run_cli("webhooks", "failed", *url).returncode == 0
