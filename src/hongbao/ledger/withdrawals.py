@@ -11,7 +11,6 @@ concurrent reports exactly one changes anything.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,7 +31,7 @@ from hongbao.errors import (
 )
 from hongbao.ledger.bulk import bulk_for
 from hongbao.ledger.history import from_micros, micros
-from hongbao.ledger.outbox import OutboxEvent, record_events, withdrawal_subject
+from hongbao.ledger.outbox import OutboxEvent, record_events, timestamp, withdrawal_subject
 from hongbao.ledger.records import entry_row, from_db, to_db, utcnow
 from hongbao.ledger.schema import entries, wallets, withdrawals
 
@@ -359,13 +358,8 @@ def _event(event_type: str, w: Withdrawal) -> OutboxEvent:
         "user_id": w.user_id,
         "amount": w.amount,
         "status": w.status.value,
-        "created_at": _iso(w.created_at),
+        "created_at": timestamp(w.created_at),
     }
     if w.status != WithdrawalStatus.REQUESTED:
         payload["note"] = w.note
     return OutboxEvent(event_type, withdrawal_subject(w.id), payload)
-
-
-def _iso(moment: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds, as the API writes times."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
