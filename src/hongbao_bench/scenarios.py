@@ -23,6 +23,8 @@ Scenario names (``--scenarios``), in the order they run:
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
   (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison.
+* ``webhooks``: a storm's claim.settled events delivered to a local receiver: events/s
+  and the lag from commit to arrival (`hongbao_bench.webhooks_scenario`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from hongbao_bench.http_scenario import hongbao_http
 from hongbao_bench.memory import memory_scenario
 from hongbao_bench.micro import micro
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
+from hongbao_bench.webhooks_scenario import webhooks_scenario
 
 Runner = Callable[[BenchContext], Awaitable[list[Outcome]]]
 
@@ -61,6 +64,7 @@ RUNNERS: dict[str, Runner] = {
     "micro": micro,
     "history": history_scenario,
     "hongbao-cluster": cluster_scenario,
+    "webhooks": webhooks_scenario,
 }
 #: groups of scenarios, in the order they run
 SCENARIOS = tuple(RUNNERS)
