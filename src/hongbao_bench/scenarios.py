@@ -27,6 +27,8 @@ Scenario names (``--scenarios``), in the order they run:
 * ``hongbao-cluster``: on a ``redis+cluster://`` URL, the engine's grab path with hot
   packets on the first 1, 2 ... P primaries, one client process per primary
   (`hongbao_bench.cluster_scenario`), and the same on one plain server for comparison;
+* ``webhooks``: a storm's claim.settled events delivered to a local receiver: events/s
+  and the lag from commit to arrival (`hongbao_bench.webhooks_scenario`);
 * ``peers``: ``hongbao serve`` over HTTP beside the Go and Node.js services of
   ``../shared/peers`` (or ``$HONGBAO_PEERS_DIR``), in alternating rounds, spread and hot
   shapes (`hongbao_bench.peers`); skipped, with the reason, where they are not.
@@ -52,6 +54,7 @@ from hongbao_bench.micro import micro
 from hongbao_bench.peers import peers
 from hongbao_bench.seed_scenarios import designs, redis_benchmark, seed_baseline
 from hongbao_bench.settle_scenario import settle_scenario
+from hongbao_bench.webhooks_scenario import webhooks_scenario
 
 Runner = Callable[[BenchContext], Awaitable[list[Outcome]]]
 
@@ -71,6 +74,7 @@ RUNNERS: dict[str, Runner] = {
     "history": history_scenario,
     "settle": settle_scenario,
     "hongbao-cluster": cluster_scenario,
+    "webhooks": webhooks_scenario,
     "peers": peers,
 }
 #: groups of scenarios, in the order they run

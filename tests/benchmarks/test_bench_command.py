@@ -53,6 +53,7 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         "history-received@sqlite",
         "history-sent@sqlite",
         "history-entries@sqlite",
+        "webhooks",
     ):
         assert name in names
     ours = [row for row in data["scenarios"] if row["ours"]]

@@ -190,6 +190,8 @@ class Stack:
     apis: list[Proc] = field(default_factory=list)
     worker: Proc | None = None
     api_ports: list[int] = field(default_factory=list)
+    #: more settings for every process of the stack
+    settings: dict[str, str] = field(default_factory=dict)
 
     def env(self, **extra: str) -> dict[str, str]:
         return clean_env(
@@ -202,7 +204,7 @@ class Stack:
             HONGBAO_ACK_MODE=self.ack,
             HONGBAO_ACK_TIMEOUT_MS="3000",
             **NO_RATE_LIMITS,
-            **extra,
+            **{**self.settings, **extra},
         )
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -319,11 +321,11 @@ def server_binary() -> Path:
 def make_stack(pg: PgCluster, tmp_path: Path) -> Iterator[Any]:
     made: list[Stack] = []
 
-    def make(ack: str = "redis", apis: int = 1, worker: bool = True) -> Stack:
+    def make(ack: str = "redis", apis: int = 1, worker: bool = True, **settings: str) -> Stack:
         node = RedisNode(server_binary()).start(
             None, tmp_path / f"redis-{len(made)}", appendonly=True, appendfsync="everysec"
         )
-        stack = Stack(tmp_path, node, _create_db(pg), ack)
+        stack = Stack(tmp_path, node, _create_db(pg), ack, settings=settings)
         made.append(stack)
         migrate = subprocess.run(
             [*command(), "migrate", "--database-url", stack.database_url],

@@ -54,8 +54,10 @@ USER_AGENT = "hongbao-webhooks/1"
 
 
 def lease_seconds(settings: Settings) -> float:
-    """How long a lease holds: long enough for a send that takes the whole timeout."""
-    return max(60.0, 3 * settings.webhook_timeout + LEASE_MARGIN)
+    """How long a lease holds (35 s by default): a queue starts no send with less than a
+    timeout and the margin left, so every send made under a lease ends within it, and a
+    dead dispatcher's deliveries are sent again that long after it leased them."""
+    return 3 * settings.webhook_timeout + LEASE_MARGIN
 
 
 def message_body(delivery: LeasedDelivery) -> str:
