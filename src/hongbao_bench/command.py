@@ -26,8 +26,7 @@ Scenarios = Annotated[
         help="Comma-separated subset of: seed-baseline, redis-benchmark, hongbao, "
         "hongbao-nocoalesce, hongbao-spread, ack-modes, hongbao-rules, hongbao-http, designs, "
         "memory, micro, history, settle, hongbao-cluster, webhooks, peers (default: all but "
-        "peers, "
-        "which starts servers of other languages; hongbao-cluster needs a "
+        "peers, which starts servers of other languages; hongbao-cluster needs a "
         "redis+cluster:// URL).",
         show_default=False,
     ),
