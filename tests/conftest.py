@@ -22,6 +22,7 @@ from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
+from tests.webhook_receiver import Receiver
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REDIS_URL = os.environ.get("HONGBAO_TEST_REDIS_URL", "redis://127.0.0.1:6379/1")
@@ -183,3 +184,13 @@ async def service(store: RedisStore, ledger: SqlLedger, settings: Settings) -> H
 @pytest.fixture
 def persister(service: Hongbao) -> Persister:
     return Persister(service.store, service.ledger, service.settings, consumer="test-persister")
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on a loopback port that checks every signature it gets.
+
+    Request it before a fixture that runs the app, so that it stops after the app."""
+    r = Receiver().start()
+    yield r
+    r.stop()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import secrets
 import shutil
@@ -39,7 +38,7 @@ from hongbao_bench.common import (
 )
 from hongbao_bench.harness import stop_process
 from hongbao_bench.meters import CpuMeter, tree_cpu_seconds
-from hongbao_bench.processes import mint_tokens
+from hongbao_bench.processes import load_env, mint_tokens
 from hongbao_bench.results import ScenarioResult
 
 HTTP_WORKERS = 2
@@ -317,16 +316,7 @@ async def hongbao_http(ctx: BenchContext) -> list[Outcome]:
     work = ctx.work_dir / f"http-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     secret = secrets.token_hex(32)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
-    # the load comes from one address on purpose: rate limits off
-    env.update(
-        HONGBAO_SECRET=secret,
-        HONGBAO_RATE_LIMIT_USER="0",
-        HONGBAO_RATE_LIMIT_IP="0",
-        HONGBAO_MAX_SENDS_PER_DAY="0",
-        HONGBAO_MAX_SENT_PER_DAY="0",
-        PYTHONUNBUFFERED="1",
-    )
+    env = load_env(secret)
     # enough distinct users (and shares) for the measured run at a generous rate
     users_needed = int(max(2_000, RATE_CEILING * p.http_seconds))
     warm_users = 2_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -30,6 +31,22 @@ async def mint_tokens(users: Sequence[str], env: dict[str, str]) -> list[str]:
     if len(tokens) != len(users):
         raise RuntimeError("hongbao token did not print one token per user")
     return tokens
+
+
+def load_env(secret: str) -> dict[str, str]:
+    """The environment of a `hongbao serve` under the bench's load: this environment
+    without its HONGBAO_ settings, the given secret, and the limits off (the load comes
+    from one address, and one sender sends every packet)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
+    env.update(
+        HONGBAO_SECRET=secret,
+        HONGBAO_RATE_LIMIT_USER="0",
+        HONGBAO_RATE_LIMIT_IP="0",
+        HONGBAO_MAX_SENDS_PER_DAY="0",
+        HONGBAO_MAX_SENT_PER_DAY="0",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
 
 
 def log_tail(log: Path) -> str:

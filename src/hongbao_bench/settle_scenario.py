@@ -49,7 +49,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
 import secrets
 import shutil
@@ -91,7 +90,7 @@ from hongbao_bench.meters import (
     process_cpu_seconds,
     tree_cpu_seconds,
 )
-from hongbao_bench.processes import expect_line, mint_tokens
+from hongbao_bench.processes import expect_line, load_env, mint_tokens
 from hongbao_bench.settle_worker import Job
 
 #: packets of a drain row
@@ -435,20 +434,6 @@ async def _settled_once(service: Hongbao, shares: dict[str, list[int]]) -> list[
 # -- storm rows --------------------------------------------------------------------------------
 
 
-def _storm_env(secret: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HONGBAO_")}
-    # the load comes from one address, and one sender sends every packet: limits off
-    env.update(
-        HONGBAO_SECRET=secret,
-        HONGBAO_RATE_LIMIT_USER="0",
-        HONGBAO_RATE_LIMIT_IP="0",
-        HONGBAO_MAX_SENDS_PER_DAY="0",
-        HONGBAO_MAX_SENT_PER_DAY="0",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
 def _serve_args(port: int, data: Path) -> list[str]:
     args = [sys.executable, "-m", "hongbao.cli", "serve", "--port", str(port)]
     return [*args, "--data-dir", str(data), "--workers", str(HTTP_WORKERS), "--log-level", "info"]
@@ -463,7 +448,7 @@ async def _storm_embedded(ctx: BenchContext) -> Outcome:
     work = ctx.work_dir / f"settle-storm-{secrets.token_hex(4)}"
     data = work / "data"
     data.mkdir(parents=True)
-    env = _storm_env(secrets.token_hex(32))
+    env = load_env(secrets.token_hex(32))
     port = free_port()
     ctx.say("settle-storm@embedded: hongbao serve starting")
     with http_server(_serve_args(port, data), env, port, "/healthz", work / "serve.log") as serve:
@@ -484,7 +469,7 @@ async def _storm_postgresql(ctx: BenchContext, redis_url: str) -> Outcome:
     work = ctx.work_dir / f"settle-storm-{secrets.token_hex(4)}"
     data = work / "data"
     data.mkdir(parents=True)
-    env = _storm_env(secrets.token_hex(32))
+    env = load_env(secrets.token_hex(32))
     port = free_port()
     async with _private_database(ctx, ctx.postgres_url) as url:
         service = await _connect(ctx, redis_url, url, STORM_USERS)

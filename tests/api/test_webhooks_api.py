@@ -4,7 +4,6 @@ what a real local receiver gets (every signature checked with `standardwebhooks`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -14,13 +13,6 @@ from tests.api.conftest import ADMIN, bearer, eventually
 from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 async def register(client: httpx.AsyncClient, url: str, events: list[str]) -> dict[str, Any]:

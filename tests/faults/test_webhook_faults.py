@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 import sqlalchemy as sa
 
 from hongbao.ledger import SqlLedger
@@ -26,13 +24,6 @@ FAST = {
     "HONGBAO_WEBHOOK_POLL_INTERVAL": "0.05",
 }
 TYPES = ["claim.settled", "packet.exhausted"]
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 def users(n: int) -> list[str]:

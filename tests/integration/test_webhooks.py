@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import pytest
@@ -27,13 +27,6 @@ from tests.webhook_receiver import Receiver
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
 
 PACKET_TYPES = ["packet.created", "claim.settled", "packet.exhausted"]
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
@@ -19,13 +19,6 @@ from tests.api.serving import run_cli
 from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 async def dispatch_until(
