@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -329,6 +330,20 @@ class Api:
 
 
 # -- input ------------------------------------------------------------------------------------
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def route_by_method(path: str, handlers: Mapping[str, Handler]) -> Route:
+    """One route for a path whose methods have handlers of their own: a method it lacks
+    answers 405 with an Allow header naming every method the path has (separate routes
+    per method would each name only their own)."""
+
+    async def endpoint(request: Request) -> Response:
+        return await handlers[request.method](request)
+
+    return Route(path, endpoint, methods=list(handlers))
 
 
 def _user_id(request: Request) -> str:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hongbao.api.routes import Api, read_json
+from hongbao.api.routes import Api, read_json, route_by_method
 from hongbao.api.schemas import iso
 from hongbao.errors import Forbidden
 from hongbao.ledger.outbox import EVENT_TYPES
@@ -106,10 +106,8 @@ class WebhooksApi:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/webhooks", self.create, methods=["POST"]),
-            Route("/v1/webhooks", self.list, methods=["GET"]),
-            Route("/v1/webhooks/{webhook_id}", self.get, methods=["GET"]),
-            Route("/v1/webhooks/{webhook_id}", self.delete, methods=["DELETE"]),
+            route_by_method("/v1/webhooks", {"GET": self.list, "POST": self.create}),
+            route_by_method("/v1/webhooks/{webhook_id}", {"GET": self.get, "DELETE": self.delete}),
             Route("/v1/webhooks/{webhook_id}/rotate-secret", self.rotate, methods=["POST"]),
         ]
 

@@ -23,7 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hongbao.api.routes import IDEMPOTENCY_KEY_PATTERN, Api, has_body, query_int, read_json
+from hongbao.api.routes import (
+    IDEMPOTENCY_KEY_PATTERN,
+    Api,
+    has_body,
+    query_int,
+    read_json,
+    route_by_method,
+)
 from hongbao.api.schemas import UserId, cursor_parts, encode_cursor, iso
 from hongbao.domain.ids import valid_user_id
 from hongbao.domain.text import GREETING_PATTERN
@@ -54,7 +61,9 @@ class WithdrawalsApi:
     def routes(self) -> list[Route]:
         return [
             # one route for both methods: a 405 on the path then allows both
-            Route("/v1/wallets/{user_id}/withdrawals", self.wallet, methods=["GET", "POST"]),
+            route_by_method(
+                "/v1/wallets/{user_id}/withdrawals", {"GET": self.of_user, "POST": self.request}
+            ),
             Route("/v1/withdrawals/{withdrawal_id}", self.get, methods=["GET"]),
             Route("/v1/withdrawals/{withdrawal_id}/complete", self.complete, methods=["POST"]),
             Route("/v1/withdrawals/{withdrawal_id}/fail", self.fail, methods=["POST"]),
@@ -74,11 +83,6 @@ class WithdrawalsApi:
                 "user_id must be 1-64 characters of letters, digits and _ . : @ -", "user_id"
             )
         return caller, user_id
-
-    async def wallet(self, request: Request) -> Response:
-        if request.method == "POST":
-            return await self.request(request)
-        return await self.of_user(request)
 
     async def request(self, request: Request) -> Response:
         caller, user_id = await self.owner(request)
