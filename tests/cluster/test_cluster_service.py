@@ -128,12 +128,13 @@ async def test_two_persisters_divide_the_buckets_and_one_takes_over(
         await workers[0]
     held = {(e.stream, e.id) for e in doomed.held}
     assert held
-    reclaimed_before = survivor.stats.reclaimed
     await asyncio.sleep(settings.persister_claim_idle_ms / 1000)
     await asyncio.wait_for(survivor.drain(), 60)
     stop.set()
     await workers[1]
-    assert survivor.stats.reclaimed - reclaimed_before >= len(held)
+    # A never acknowledges what it holds, so B took each of those entries over: some
+    # already while A hung, once they had been idle long enough, the rest after it died
+    assert survivor.stats.reclaimed >= len(held)
     for bucket in range(BUCKETS):
         assert await service.store.pending(bucket, 0, 10) == []
     await check_outcome(service, packet_id, answers)
