@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from dataclasses import replace
@@ -125,7 +124,11 @@ async def webhooks_scenario(ctx: BenchContext) -> list[Outcome]:
     if receiver.forged:
         problems.append(f"{receiver.forged} messages failed verification")
     status = "failed" if problems else "ok"
-    note = "; ".join(problems) or json.dumps(figures)
+    summary = (
+        f"{got:,} events at {figures['events_per_second']:,} events/s; commit to arrival "
+        f"p50 {figures['lag_p50_ms']:,} ms, p99 {figures['lag_p99_ms']:,} ms"
+    )
+    note = "; ".join([*problems, summary])
     return [Outcome("webhooks", "webhooks", status, note=note, figures=figures)]
 
 
