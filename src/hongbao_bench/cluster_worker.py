@@ -10,22 +10,20 @@ Users are ``cu<n>`` for n in [first_user, first_user + grabs): one grab each.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao_bench.harness import call_shape, engine_storm
-from hongbao_bench.processes import worker_main
+from hongbao_bench.processes import JobFile, worker_main
 
 
 @dataclass(frozen=True)
-class Job:
+class Job(JobFile):
     redis_url: str
     database_url: str
     buckets: int
@@ -33,13 +31,6 @@ class Job:
     first_user: int
     grabs: int
     tasks: int
-
-    def dump(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self)), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: Path) -> Job:
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
 
 
 def user_name(n: int) -> str:

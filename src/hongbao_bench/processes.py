@@ -9,8 +9,9 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 #: how long a worker process may take to reach its next step
 WORKER_TIMEOUT = 900.0
@@ -31,6 +32,18 @@ async def mint_tokens(users: Sequence[str], env: dict[str, str]) -> list[str]:
     if len(tokens) != len(users):
         raise RuntimeError("hongbao token did not print one token per user")
     return tokens
+
+
+class JobFile:
+    """A worker's job, a dataclass handed to its process as a JSON file of its fields."""
+
+    def dump(self, path: Path) -> None:
+        fields: dict[str, Any] = asdict(self)  # type: ignore[call-overload]
+        path.write_text(json.dumps(fields), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
 
 
 def load_env(secret: str) -> dict[str, str]:

@@ -12,32 +12,23 @@ did to RESULT.json and prints ``done``.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from hongbao.persister import Persister
 from hongbao.runtime import settle_heap
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
-from hongbao_bench.processes import worker_main
+from hongbao_bench.processes import JobFile, worker_main
 
 
 @dataclass(frozen=True)
-class Job:
+class Job(JobFile):
     redis_url: str
     database_url: str
     consumer: str
-
-    def dump(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self)), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: Path) -> Job:
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
 
 
 async def run(job: Job) -> dict[str, Any]:
