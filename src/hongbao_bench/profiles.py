@@ -36,6 +36,8 @@ class Profile:
     settle_claims: int = 100_000
     #: settle: seconds of each HTTP storm
     settle_storm_seconds: float = 60.0
+    #: webhooks: claims of the storm (over 10 packets), one claim.settled event each
+    webhook_events: int = 20_000
 
     @property
     def cluster_grabs(self) -> int:
@@ -68,6 +70,7 @@ PROFILES: dict[str, Profile] = {
         spread_shares=10,
         settle_claims=2_000,
         settle_storm_seconds=1.0,
+        webhook_events=2_000,
     ),
     "quick": Profile(
         name="quick",
@@ -87,6 +90,7 @@ PROFILES: dict[str, Profile] = {
         design_concurrency=20,
         settle_claims=20_000,
         settle_storm_seconds=10.0,
+        webhook_events=5_000,
     ),
     "full": Profile(
         name="full",
@@ -131,4 +135,5 @@ def profile_for(size: str | None, quick: bool) -> Profile:
         spread_packets=max(20, min(base.spread_packets, int(base.spread_packets * scale))),
         spread_shares=max(1, min(base.spread_shares, int(base.spread_shares * scale))),
         settle_claims=max(1_000, int(base.settle_claims * scale)),
+        webhook_events=max(1_000, int(base.webhook_events * scale)),
     )

@@ -17,6 +17,7 @@ from hongbao_bench.history_scenario import TARGET_P99_MS, history_target
 from hongbao_bench.peers import P99_MS as PEERS_P99_MS
 from hongbao_bench.peers import ratios as peers_ratios
 from hongbao_bench.settle_scenario import settle_targets
+from hongbao_bench.webhooks_scenario import webhook_targets
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def targets(outcomes: Sequence[Outcome]) -> list[Target]:
         *[Target(t.name, t.value, t.goal, t.met, t.unit) for t in settle_targets(outcomes)],
         *cluster_targets(outcomes),
         *peers_targets(outcomes),
+        *[Target(n, v, goal, met, "x") for n, v, goal, met in webhook_targets(outcomes)],
     ]
 
 

@@ -1,135 +1,214 @@
 """Webhooks: a storm's claim.settled events delivered to a local receiver.
 
-Ten packets of 200 shares are grabbed at once with the persister and a webhook
-dispatcher running in this process; a receiver on a loopback port (uvicorn, in this
-event loop) checks each message's signature with `standardwebhooks` and notes when it
-arrived. Reported: events per second from the storm's start to the last arrival, and
-the lag from each event's commit (its ``timestamp``) to its arrival, p50 and p99.
+Ten packets (`Profile.webhook_events` shares over them) are grabbed at once, with the
+persister and a webhook dispatcher running in this process; the receiver
+(`hongbao_bench.webhook_receiver`) runs in a process of its own on a loopback port,
+checks each message's signature with `standardwebhooks` and notes when it arrived.
+
+Reported: the persister's pace (claims committed per second, from the first event's
+commit to the last's), the dispatcher's (events delivered per second, from the first
+commit to the last arrival), their ratio, and the lag from each event's commit (its
+``timestamp``) to its arrival, p50 and p99. The dispatcher keeps pace when the ratio is
+near 1: the last event arrives soon after the last claim commits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from typing import Any
 
-import uvicorn
-from standardwebhooks import Webhook, WebhookVerificationError
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+import aiohttp
 
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.webhooks import Dispatcher
 from hongbao_bench.common import BenchContext, Outcome, forget_packets, free_port, send_packets
+from hongbao_bench.meters import process_cpu_seconds
+from hongbao_bench.processes import expect_line, log_tail
 
-PACKETS, SHARES = 10, 200
+PACKETS = 10
 #: longest wait for the last event, seconds
-DEADLINE = 120.0
+DEADLINE = 180.0
+#: the dispatcher keeps pace when it delivers at least this share of the persister's rate
+KEEPS_PACE = 0.9
 
 
-class _Receiver:
-    """Keeps the first arrival of each event: (arrival, commit) times, unix seconds."""
-
-    def __init__(self, expected: int) -> None:
-        self.webhook: Webhook | None = None
-        self.arrivals: dict[str, tuple[float, float]] = {}
-        self.forged = 0
-        self.expected = expected
-        self.all_in = asyncio.Event()
-
-    async def hook(self, request: Request) -> Response:
-        body = await request.body()
-        assert self.webhook is not None
-        try:
-            message = self.webhook.verify(body, dict(request.headers))
-        except WebhookVerificationError:
-            self.forged += 1
-            return Response(status_code=400)
-        committed = datetime.fromisoformat(message["timestamp"].replace("Z", "+00:00"))
-        self.arrivals.setdefault(message["id"], (time.time(), committed.timestamp()))
-        if len(self.arrivals) >= self.expected:
-            self.all_in.set()
-        return Response(status_code=204)
+RECEIVER = "webhook-receiver"
+#: the rows: (name, `hongbao webhooks dispatch` processes beside the in-process dispatcher)
+ROWS = (("webhooks", 0), ("webhooks+dispatch", 1))
 
 
 async def webhooks_scenario(ctx: BenchContext) -> list[Outcome]:
     settings = replace(ctx.settings(), webhook_poll_interval=0.02)
     service = await Hongbao.connect(settings, migrate=True)
-    expected = PACKETS * SHARES
-    receiver = _Receiver(expected)
-    port = free_port()
-    app = Starlette(routes=[Route("/hook", receiver.hook, methods=["POST"])])
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    stop = asyncio.Event()
-    workers: list[asyncio.Task[None]] = []
-    endpoint_id = None
     try:
-        while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
-            await asyncio.sleep(0.01)
-        endpoint = await service.webhooks.create(f"http://127.0.0.1:{port}/hook", ["claim.settled"])
-        endpoint_id = endpoint.id
-        receiver.webhook = Webhook(endpoint.secret)
+        return [await _storm(ctx, service, name, extra) for name, extra in ROWS]
+    finally:
+        await service.aclose()
+
+
+async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int) -> Outcome:
+    """One storm, its events sent by the in-process dispatcher and `processes` more."""
+    settings = service.settings
+    shares_each = max(1, ctx.profile.webhook_events // PACKETS)
+    expected = PACKETS * shares_each
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as cleanup:
+        endpoint = await service.webhooks.create(f"{url}/hook", ["claim.settled"])
+        cleanup.push_async_callback(service.webhooks.delete, endpoint.id)
+        receiver = await _start(
+            ctx,
+            "webhook-receiver",
+            ["-m", "hongbao_bench.webhook_receiver", str(port), endpoint.secret],
+        )
+        cleanup.push_async_callback(_stop, receiver)
+        dispatchers = []
+        for n in range(processes):
+            dispatch = [
+                "-m",
+                "hongbao.cli",
+                "webhooks",
+                "dispatch",
+                "--database-url",
+                settings.database_url,
+            ]
+            dispatchers.append(await _start(ctx, f"webhook-dispatch-{n}", dispatch))
+            cleanup.push_async_callback(_stop, dispatchers[-1])
         persister = Persister(service.store, service.ledger, settings, consumer="bench-webhooks")
         workers = [
             asyncio.create_task(persister.run(stop)),
             asyncio.create_task(Dispatcher(service.ledger, settings).run(stop)),
         ]
-        shares = await send_packets(service, PACKETS, SHARES, random.Random(29))
-        ctx.say(f"{PACKETS * SHARES:,} grabs over {PACKETS} packets, events to a local receiver")
-        started = time.time()
+        cleanup.push_async_callback(_stop_workers, stop, workers)
+        shares = await send_packets(service, PACKETS, shares_each, random.Random(29))
+        cleanup.push_async_callback(forget_packets, service, list(shares))
+        beside = f" and {processes} dispatch process(es)" if processes else ""
+        ctx.say(
+            f"{name}: {expected:,} grabs over {PACKETS} packets, the dispatcher in-process{beside}"
+        )
         gate = asyncio.Semaphore(256)
 
         async def grab(packet_id: str, user: str) -> None:
             async with gate:
                 await service.grab(packet_id, user)
 
+        cpu = {"bench": time.process_time(), "receiver": process_cpu_seconds(receiver.pid)}
+
         await asyncio.gather(
-            *(grab(p, f"w{i}") for p in shares for i in range(SHARES)), return_exceptions=True
+            *(grab(p, f"w{i}") for p in shares for i in range(shares_each)),
+            return_exceptions=True,
         )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(receiver.all_in.wait(), DEADLINE)
-        await forget_packets(service, shares)
-    finally:
-        stop.set()
-        await asyncio.gather(*workers, return_exceptions=True)
-        if endpoint_id is not None:
-            with contextlib.suppress(Exception):
-                await service.webhooks.delete(endpoint_id)
-        server.should_exit = True
-        await serving
-        await service.aclose()
-    got = len(receiver.arrivals)
-    lags = sorted(max(0.0, a - c) for a, c in receiver.arrivals.values())
-    last = max((a for a, _ in receiver.arrivals.values()), default=started)
+        got = await _arrivals(url, expected)
+        cpu["bench"] = time.process_time() - cpu["bench"]
+        cpu["receiver"] = process_cpu_seconds(receiver.pid) - cpu["receiver"]
+        cpu["dispatch processes"] = sum(process_cpu_seconds(d.pid) for d in dispatchers)
+    outcome = _outcome(name, got["arrivals"], int(got["forged"]), expected)
+    for who, seconds in cpu.items():
+        if seconds or who != "dispatch processes":
+            key = who.replace(" ", "_") + "_us_per_event"
+            outcome.figures[key] = round(seconds / max(1, expected) * 1e6, 1)
+    return outcome
+
+
+async def _arrivals(url: str, expected: int) -> dict[str, Any]:
+    """The receiver's arrivals once `expected` events arrived, or at the deadline."""
+    async with aiohttp.ClientSession() as client:
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            async with client.get(f"{url}/count") as answer:
+                if (await answer.json())["count"] >= expected:
+                    break
+            await asyncio.sleep(0.1)
+        async with client.get(f"{url}/arrivals") as answer:
+            got: dict[str, Any] = await answer.json()
+            return got
+
+
+async def _start(ctx: BenchContext, name: str, args: list[str]) -> asyncio.subprocess.Process:
+    """A Python child process; started once it says "ready" on stdout (the receiver)
+    or "running" on stderr (`hongbao webhooks dispatch`)."""
+    log = ctx.work_dir / f"{name}.log"
+    env = {**os.environ, "HONGBAO_WEBHOOK_POLL_INTERVAL": "0.02", "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as errors:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=errors, env=env
+        )
+    if name == RECEIVER:
+        await expect_line(proc, "ready", log, name)
+        return proc
+    deadline = time.monotonic() + 60
+    while "running" not in log_tail(log):
+        if proc.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not start: {log_tail(log)}")
+        await asyncio.sleep(0.05)
+    return proc
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+    await proc.wait()
+
+
+async def _stop_workers(stop: asyncio.Event, workers: list[asyncio.Task[None]]) -> None:
+    stop.set()
+    await asyncio.gather(*workers, return_exceptions=True)
+
+
+def _outcome(name: str, arrivals: list[list[float]], forged: int, expected: int) -> Outcome:
+    got = len(arrivals)
+    commits = sorted(c for _, c in arrivals)
+    first_commit = commits[0] if commits else 0.0
+    last_arrival = max((a for a, _ in arrivals), default=first_commit)
+    settled_per_second = got / max(commits[-1] - first_commit, 1e-3) if commits else 0.0
+    delivered_per_second = got / max(last_arrival - first_commit, 1e-3)
+    lags = sorted(max(0.0, a - c) for a, c in arrivals)
     figures = {
         "events": got,
-        "events_per_second": round(got / max(last - started, 1e-9), 1),
+        "settled_per_second": round(settled_per_second, 1),
+        "events_per_second": round(delivered_per_second, 1),
+        "pace_ratio": round(delivered_per_second / max(settled_per_second, 1e-9), 2),
         "lag_p50_ms": round(_quantile(lags, 0.50) * 1000, 1),
         "lag_p99_ms": round(_quantile(lags, 0.99) * 1000, 1),
-        "forged": receiver.forged,
+        "forged": forged,
     }
     problems = []
     if got != expected:
         problems.append(f"{got} of {expected} events arrived")
-    if receiver.forged:
-        problems.append(f"{receiver.forged} messages failed verification")
-    status = "failed" if problems else "ok"
+    if forged:
+        problems.append(f"{forged} messages failed verification")
     summary = (
-        f"{got:,} events at {figures['events_per_second']:,} events/s; commit to arrival "
-        f"p50 {figures['lag_p50_ms']:,} ms, p99 {figures['lag_p99_ms']:,} ms"
+        f"{got:,} events at {figures['events_per_second']:,} events/s beside "
+        f"{figures['settled_per_second']:,} claims/s settled (x{figures['pace_ratio']}); "
+        f"commit to arrival p50 {figures['lag_p50_ms']:,} ms, p99 {figures['lag_p99_ms']:,} ms"
     )
-    note = "; ".join([*problems, summary])
-    return [Outcome("webhooks", "webhooks", status, note=note, figures=figures)]
+    status = "failed" if problems else "ok"
+    return Outcome(name, "webhooks", status, note="; ".join([*problems, summary]), figures=figures)
+
+
+#: a target: (name, value, goal, met)
+TargetRow = tuple[str, float | None, str, bool | None]
+
+
+def webhook_targets(outcomes: Sequence[Outcome]) -> list[TargetRow]:
+    """The dispatcher keeps pace with the persister, per row."""
+    rows = [o for o in outcomes if o.group == "webhooks" and o.status == "ok"]
+    out: list[TargetRow] = []
+    for row in rows:
+        ratio = row.figures.get("pace_ratio")
+        if ratio is not None:
+            name = f"{row.scenario}: delivered / settled per second"
+            out.append((name, ratio, f">= {KEEPS_PACE}x", ratio >= KEEPS_PACE))
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float:

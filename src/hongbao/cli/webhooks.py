@@ -4,7 +4,10 @@
 - ``failed``: parked deliveries and pending ones whose last attempt failed (exit 1 while
   any delivery is parked);
 - ``retry ID`` / ``retry-all``: put them back in the queue, due now, with a fresh retry
-  window (the dispatcher of ``hongbao worker`` or ``hongbao serve`` sends them).
+  window (the dispatcher of ``hongbao worker`` or ``hongbao serve`` sends them);
+- ``dispatch``: a dispatcher in a process of its own, beside the one of ``hongbao
+  worker`` or ``hongbao serve``: the dispatchers divide the queue, so a storm's events
+  get a core of their own.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir
-from hongbao.console import err, fail, friendly_errors, run_async
+from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, LogLevel
+from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -26,7 +29,7 @@ T = TypeVar("T")
 
 app = typer.Typer(
     name="webhooks",
-    help="Webhook endpoints and deliveries: list, failed, retry, retry-all.",
+    help="Webhook endpoints and deliveries: list, failed, retry, retry-all, dispatch.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -124,3 +127,49 @@ def retry_all(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT_DATA
 
     count = _run(database_url, data_dir, work)
     err.print(f"{count} deliveries are due again", style="green")
+
+
+@app.command("dispatch")
+def dispatch(
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    log_level: LogLevel = "info",
+) -> None:
+    """Deliver webhooks until stopped (SIGTERM or Ctrl-C), in this process only.
+
+    `hongbao worker` and `hongbao serve` dispatch too; this one divides the queue with
+    them, so the events of a storm are sent on a core of their own."""
+    import asyncio
+    import signal
+
+    from hongbao.errors import StorageError
+    from hongbao.ledger import SqlLedger
+    from hongbao.ledger.webhook_store import WebhookStore
+    from hongbao.serving.embedded import ledger_url
+    from hongbao.settings import Settings
+    from hongbao.webhooks import Dispatcher
+
+    setup_logging(log_level)
+    with friendly_errors():
+        settings = Settings.from_env(database_url=database_url or ledger_url(data_dir.resolve()))
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        ledger = SqlLedger.from_url(settings.database_url)
+        try:
+            try:
+                await WebhookStore(ledger).stats()
+            except StorageError as exc:
+                reason = str(exc).splitlines()[0]
+                fail(f"cannot read the webhook queue (is the ledger migrated?): {reason}")
+            err.print("hongbao webhooks dispatch: running", style="green")
+            await Dispatcher(ledger, settings).run(stop)
+        finally:
+            await ledger.aclose()
+        err.print("hongbao webhooks dispatch: stopped", style="dim")
+
+    with friendly_errors():
+        run_async(run())

@@ -243,16 +243,7 @@ class WebhookStore:
         async def work(conn: AsyncConnection) -> list[list[LeasedDelivery]]:
             now = utcnow()
             chosen = await _due_heads(conn, now, heads)
-            if not chosen:
-                return []
-            queues = await _queues(conn, now, chosen, batch)
-            ids = [d for queue in queues for d, _ in queue]
-            await conn.execute(
-                _D.update()
-                .where(among(conn, _D.c.id, ids))
-                .values(leased_until=now + lease_for, leased_by=owner)
-            )
-            return await _with_events(conn, queues)
+            return await _lease(conn, owner, now, chosen, batch, lease_for)
 
         return await self.ledger.transaction(work)
 
@@ -267,48 +258,38 @@ class WebhookStore:
         status), failed attempts, and deliveries it gives back unsent."""
 
         async def work(conn: AsyncConnection) -> None:
-            now = utcnow()
-            mine = _D.c.leased_by == owner
-            by_status: dict[int, list[int]] = {}
-            for delivery_id, status in delivered:
-                by_status.setdefault(status, []).append(delivery_id)
-            for status, ids in sorted(by_status.items()):
-                await conn.execute(
-                    _D.update()
-                    .where(among(conn, _D.c.id, ids), mine)
-                    .values(
-                        status="delivered",
-                        delivered_at=now,
-                        attempts=_D.c.attempts + 1,
-                        last_status=status,
-                        last_error=None,
-                        leased_until=None,
-                        leased_by=None,
-                    )
-                )
-            for failure in failures:
-                retry = failure.next_attempt_at
-                await conn.execute(
-                    _D.update()
-                    .where(_D.c.id == failure.delivery_id, mine)
-                    .values(
-                        status="pending" if retry is not None else "parked",
-                        attempts=_D.c.attempts + 1,
-                        next_attempt_at=to_db(retry) if retry is not None else _D.c.next_attempt_at,
-                        last_status=failure.status,
-                        last_error=failure.error[:300],
-                        leased_until=None,
-                        leased_by=None,
-                    )
-                )
-            if released:
-                await conn.execute(
-                    _D.update()
-                    .where(among(conn, _D.c.id, list(released)), mine)
-                    .values(leased_until=None, leased_by=None)
-                )
+            await _settle(conn, owner, delivered, failures, released)
 
         await self.ledger.transaction(work)
+
+    async def settle_and_lease_next(
+        self,
+        owner: str,
+        finished: Sequence[tuple[Sequence[tuple[int, int]], LeasedDelivery]],
+        *,
+        batch: int,
+        lease_for: timedelta,
+    ) -> list[list[LeasedDelivery]]:
+        """Record leased batches as delivered and, in the same transaction, lease the
+        next deliveries of each one's (endpoint, subject), up to `batch`, if they are due
+        and nobody holds them. `finished` holds, per queue, its delivered (id, HTTP
+        status) and its last delivery; returns the next batch of each, in that order
+        ([] for a queue with none)."""
+
+        async def work(conn: AsyncConnection) -> list[list[LeasedDelivery]]:
+            delivered = [d for done, _ in finished for d in done]
+            await _settle(conn, owner, delivered, (), ())
+            now = utcnow()
+            heads = []
+            for _, last in finished:
+                head = await _subject_head(conn, now, last.endpoint.id, last.subject)
+                if head is not None:
+                    heads.append(head)
+            queues = await _lease(conn, owner, now, sorted(heads), batch, lease_for)
+            by_subject = {(q[0].endpoint.id, q[0].subject): q for q in queues}
+            return [by_subject.get((last.endpoint.id, last.subject), []) for _, last in finished]
+
+        return await self.ledger.transaction(work)
 
     # -- operators and metrics ---------------------------------------------------------------
 
@@ -407,6 +388,101 @@ class WebhookStore:
             return int(done.rowcount)
 
         return await self.ledger.transaction(work)
+
+
+async def _lease(
+    conn: AsyncConnection,
+    owner: str,
+    now: datetime,
+    heads: list[int],
+    batch: int,
+    lease_for: timedelta,
+) -> list[list[LeasedDelivery]]:
+    """Lease the queues that start at `heads` (see `_queues`) to `owner`."""
+    if not heads:
+        return []
+    queues = await _queues(conn, now, heads, batch)
+    ids = [d for queue in queues for d, _ in queue]
+    if ids:
+        await conn.execute(
+            _D.update()
+            .where(among(conn, _D.c.id, ids))
+            .values(leased_until=now + lease_for, leased_by=owner)
+        )
+    return await _with_events(conn, queues)
+
+
+async def _settle(
+    conn: AsyncConnection,
+    owner: str,
+    delivered: Sequence[tuple[int, int]],
+    failures: Sequence[Failure],
+    released: Sequence[int],
+) -> None:
+    """Record the outcome of deliveries `owner` holds (rows it no longer holds stay as
+    they are)."""
+    now = utcnow()
+    mine = _D.c.leased_by == owner
+    by_status: dict[int, list[int]] = {}
+    for delivery_id, status in delivered:
+        by_status.setdefault(status, []).append(delivery_id)
+    for status, ids in sorted(by_status.items()):
+        await conn.execute(
+            _D.update()
+            .where(among(conn, _D.c.id, ids), mine)
+            .values(
+                status="delivered",
+                delivered_at=now,
+                attempts=_D.c.attempts + 1,
+                last_status=status,
+                last_error=None,
+                leased_until=None,
+                leased_by=None,
+            )
+        )
+    for failure in failures:
+        retry = failure.next_attempt_at
+        await conn.execute(
+            _D.update()
+            .where(_D.c.id == failure.delivery_id, mine)
+            .values(
+                status="pending" if retry is not None else "parked",
+                attempts=_D.c.attempts + 1,
+                next_attempt_at=to_db(retry) if retry is not None else _D.c.next_attempt_at,
+                last_status=failure.status,
+                last_error=failure.error[:300],
+                leased_until=None,
+                leased_by=None,
+            )
+        )
+    if released:
+        await conn.execute(
+            _D.update()
+            .where(among(conn, _D.c.id, list(released)), mine)
+            .values(leased_until=None, leased_by=None)
+        )
+
+
+async def _subject_head(
+    conn: AsyncConnection, now: datetime, endpoint_id: str, subject: str
+) -> int | None:
+    """The id of the first due, unleased pending delivery of (endpoint, subject), locked
+    (None if another dispatcher locks it); `_queues` checks that no earlier one waits."""
+    query = (
+        sa.select(_D.c.id)
+        .where(
+            _D.c.endpoint_id == endpoint_id,
+            _D.c.subject == subject,
+            _D.c.status == "pending",
+            _D.c.next_attempt_at <= now,
+            sa.or_(_D.c.leased_until.is_(None), _D.c.leased_until < now),
+        )
+        .order_by(_D.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    head = await conn.scalar(query)
+    return None if head is None else int(head)
 
 
 async def _due_heads(conn: AsyncConnection, now: datetime, limit: int) -> list[int]:

@@ -7,9 +7,10 @@ which receivers use to drop repeats. In order per (endpoint, subject): see
 hongbao.ledger.webhook_store for the lease. Several dispatchers share the queue.
 
 A queue of one (endpoint, subject) is leased up to `LEASE_BATCH` deliveries at a time,
-sent one after the other, and settled in one transaction, so a hot packet's claims
-cost the database a few statements per hundred. Different queues are sent concurrently,
-up to `webhook_concurrency`.
+sent one after the other, and settled in one transaction that also leases the queue's
+next deliveries, so a hot packet's claims cost the database one transaction per batch
+and the queue flows on without waiting for the next poll. Different queues are sent
+concurrently, up to `webhook_concurrency`.
 
 A failed attempt (no answer, or a status other than 2xx) is retried after a wait that
 doubles from 1 s up to `webhook_max_backoff`, each drawn between half and all of its
@@ -30,19 +31,22 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TypeVar
 
-import httpx
+import aiohttp
 from standardwebhooks import Webhook
 
 from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.outbox import timestamp
-from hongbao.ledger.webhook_store import Failure, LeasedDelivery, WebhookStore
+from hongbao.ledger.webhook_store import EndpointRecord, Failure, LeasedDelivery, WebhookStore
 from hongbao.settings import Settings
 
 log = logging.getLogger("hongbao.webhooks")
+T = TypeVar("T")
 
 #: deliveries of one (endpoint, subject) leased and settled together
 LEASE_BATCH = 100
@@ -51,6 +55,9 @@ FIRST_RETRY = 1.0
 #: a dispatcher starts no send that could outlast its lease by less than this, seconds
 LEASE_MARGIN = 5.0
 USER_AGENT = "hongbao-webhooks/1"
+#: bytes of a receiver's answer read (and dropped) so its connection serves the next send;
+#: a longer answer closes the connection
+ANSWER_LIMIT = 64 * 1024
 
 
 def lease_seconds(settings: Settings) -> float:
@@ -87,6 +94,19 @@ def signature_headers(
     }
 
 
+@dataclass(slots=True)
+class BatchOutcome:
+    """What became of a leased batch: delivered (id, HTTP status), the failed attempt,
+    the deliveries given back unsent, why the endpoint is gone (410), and whether every
+    delivery got through."""
+
+    delivered: list[tuple[int, int]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+    gone: str | None = None
+    complete: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """What a receiver made of one send: `status` (None: no answer) and a reason."""
@@ -115,14 +135,15 @@ class Dispatcher:
         self.sent = 0
         self.failed = 0
         self._stop = asyncio.Event()
+        self._continuations = _Continuations(self)
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
-        timeout = httpx.Timeout(self.settings.webhook_timeout)
-        limits = httpx.Limits(max_connections=max(self.settings.webhook_concurrency, 10))
-        headers = {"user-agent": USER_AGENT, "content-type": "application/json"}
-        async with httpx.AsyncClient(
-            timeout=timeout, limits=limits, headers=headers, follow_redirects=False
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.settings.webhook_timeout),
+            connector=aiohttp.TCPConnector(limit=max(self.settings.webhook_concurrency, 10)),
+            headers={"user-agent": USER_AGENT, "content-type": "application/json"},
+            cookie_jar=aiohttp.DummyCookieJar(),
         ) as client:
             running: set[asyncio.Task[None]] = set()
             stopping = asyncio.create_task(stop.wait())
@@ -146,7 +167,7 @@ class Dispatcher:
                         task.cancel()
                     await asyncio.gather(*running, return_exceptions=True)
 
-    async def _take(self, client: httpx.AsyncClient, running: set[asyncio.Task[None]]) -> int:
+    async def _take(self, client: aiohttp.ClientSession, running: set[asyncio.Task[None]]) -> int:
         """Lease what is due, as many queues as there is room for; start sending them."""
         room = self.settings.webhook_concurrency - len(running)
         if room <= 0:
@@ -166,31 +187,58 @@ class Dispatcher:
         return len(queues)
 
     async def send_queue(
-        self, client: httpx.AsyncClient, queue: list[LeasedDelivery], leased_at: float
+        self, client: aiohttp.ClientSession, queue: list[LeasedDelivery], leased_at: float
     ) -> None:
-        """Send one (endpoint, subject) queue in order, stopping at the first failure,
-        then settle it."""
-        delivered: list[tuple[int, int]] = []
-        failures: list[Failure] = []
-        released: list[int] = []
-        gone: str | None = None
+        """Send one (endpoint, subject) queue in order, batch after batch, until it is
+        empty, a send fails, or the dispatcher stops."""
+        while queue:
+            outcome = await self.send_batch(client, queue, leased_at)
+            self.sent += len(outcome.delivered)
+            if not outcome.complete or self._stop.is_set():
+                await self._finish(queue[-1].endpoint, outcome)
+                return
+            leased_at = time.monotonic()
+            queue = await self._continuations.next(outcome.delivered, queue[-1])
+
+    async def _finish(self, endpoint: EndpointRecord, outcome: BatchOutcome) -> None:
+        """Settle the last batch of a queue; disable its endpoint if it is gone."""
+        settle = partial(
+            self.store.settle, self.owner, outcome.delivered, outcome.failures, outcome.released
+        )
+        await self.retrying(settle, None)
+        if outcome.gone is not None:
+            log.warning(
+                "webhooks: endpoint %s (%s) disabled: %s", endpoint.id, endpoint.url, outcome.gone
+            )
+            await self.retrying(
+                partial(self.store.disable_endpoint, endpoint.id, outcome.gone), None
+            )
+
+    async def send_batch(
+        self, client: aiohttp.ClientSession, queue: list[LeasedDelivery], leased_at: float
+    ) -> BatchOutcome:
+        """Send a leased batch in order, stopping at the first failure, or before a send
+        that could outlast the lease."""
+        outcome = BatchOutcome()
         lease_end = leased_at + self.lease_for.total_seconds()
         for pos, delivery in enumerate(queue):
             left = lease_end - time.monotonic()
             if self._stop.is_set() or left < self.settings.webhook_timeout + LEASE_MARGIN:
-                released = [d.delivery_id for d in queue[pos:]]
-                break
+                outcome.released = [d.delivery_id for d in queue[pos:]]
+                return outcome
             attempt = await self.send(client, delivery)
             if attempt.delivered:
                 assert attempt.status is not None
-                delivered.append((delivery.delivery_id, attempt.status))
+                outcome.delivered.append((delivery.delivery_id, attempt.status))
                 continue
             self.failed += 1
             if attempt.gone:
-                gone = f"the receiver answered 410 Gone at {timestamp(datetime.now(UTC))}"
+                outcome.gone = f"the receiver answered 410 Gone at {timestamp(datetime.now(UTC))}"
             retry = None if attempt.gone else self.next_attempt(delivery)
-            failures.append(Failure(delivery.delivery_id, attempt.status, attempt.error, retry))
-            released = [d.delivery_id for d in queue[pos + 1 :]]
+            outcome.failures.append(
+                Failure(delivery.delivery_id, attempt.status, attempt.error, retry)
+            )
+            outcome.released = [d.delivery_id for d in queue[pos + 1 :]]
             log.info(
                 "webhooks: %s to %s failed (%s); %s",
                 delivery.id,
@@ -198,27 +246,24 @@ class Dispatcher:
                 attempt.error,
                 "parked" if retry is None else f"retry at {timestamp(retry)}",
             )
-            break
-        self.sent += len(delivered)
-        await self._settle(delivered, failures, released)
-        if gone is not None:
-            endpoint = queue[0].endpoint
-            log.warning("webhooks: endpoint %s (%s) disabled: %s", endpoint.id, endpoint.url, gone)
-            await self._retrying(lambda: self.store.disable_endpoint(endpoint.id, gone))
+            return outcome
+        outcome.complete = True
+        return outcome
 
-    async def send(self, client: httpx.AsyncClient, delivery: LeasedDelivery) -> Attempt:
+    async def send(self, client: aiohttp.ClientSession, delivery: LeasedDelivery) -> Attempt:
         """One signed POST of a delivery."""
         body = message_body(delivery)
         now = datetime.now(UTC)
         headers = signature_headers(delivery.id, delivery.endpoint.signing_secrets(now), now, body)
         try:
-            answer = await client.post(
-                delivery.endpoint.url, content=body.encode(), headers=headers
-            )
-        except httpx.HTTPError as exc:
-            return Attempt(None, f"{type(exc).__name__}: {exc}".strip().rstrip(":"))
-        reason = f"HTTP {answer.status_code}"
-        return Attempt(answer.status_code, reason)
+            async with client.post(
+                delivery.endpoint.url, data=body.encode(), headers=headers, allow_redirects=False
+            ) as answer:
+                await _drain(answer)
+                return Attempt(answer.status, f"HTTP {answer.status}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "")
+            return Attempt(None, f"{type(exc).__name__}: {reason}".strip().rstrip(":"))
 
     def next_attempt(self, delivery: LeasedDelivery) -> datetime | None:
         """When to try a delivery again after its failed attempt; None: park it."""
@@ -228,33 +273,84 @@ class Dispatcher:
         deadline = delivery.retry_from + timedelta(seconds=self.settings.webhook_retry_seconds)
         return at if at <= deadline else None
 
-    async def _settle(
-        self,
-        delivered: list[tuple[int, int]],
-        failures: list[Failure],
-        released: list[int],
-    ) -> None:
-        if delivered or failures or released:
-            await self._retrying(
-                lambda: self.store.settle(self.owner, delivered, failures, released)
-            )
-
-    async def _retrying(self, write: Callable[[], Awaitable[None]]) -> None:
+    async def retrying(self, write: Callable[[], Awaitable[T]], fallback: T) -> T:
         """Run a settling write, again while the database is away and the lease holds;
-        if it never gets through, the lease runs out and the deliveries are sent again."""
+        if it never gets through, the lease runs out and the deliveries are sent again
+        (`fallback` is returned)."""
         give_up = time.monotonic() + self.lease_for.total_seconds()
         wait = 0.2
         while True:
             try:
-                await write()
-                return
+                return await write()
             except StorageError as exc:
                 if time.monotonic() + wait > give_up:
                     log.error("webhooks: could not record deliveries, they will be resent: %s", exc)
-                    return
+                    return fallback
                 log.warning("webhooks: cannot record deliveries yet: %s", exc)
             await asyncio.sleep(wait)
             wait = min(wait * 2, 5.0)
+
+
+async def _drain(answer: aiohttp.ClientResponse) -> None:
+    """Read a receiver's answer up to `ANSWER_LIMIT` bytes (and drop it)."""
+    read = 0
+    while read < ANSWER_LIMIT:
+        chunk = await answer.content.readany()
+        if not chunk:
+            return
+        read += len(chunk)
+
+
+class _Continuations:
+    """Settles the finished batches of this dispatcher's queues and leases their next
+    deliveries, the queues that finish while one such transaction is written going
+    together in the next (one transaction for many queues, not one each)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.waiting: list[Continuation] = []
+        self.lock = asyncio.Lock()
+
+    async def next(
+        self, delivered: list[tuple[int, int]], last: LeasedDelivery
+    ) -> list[LeasedDelivery]:
+        """Settle a queue's batch `delivered` (ending with `last`); its next batch."""
+        mine = Continuation(delivered, last, asyncio.get_running_loop().create_future())
+        self.waiting.append(mine)
+        async with self.lock:
+            if not mine.next.done():
+                together, self.waiting = self.waiting, []
+                await self._write(together)
+        return mine.next.result()
+
+    async def _write(self, together: list[Continuation]) -> None:
+        d = self.dispatcher
+        try:
+            write = partial(
+                d.store.settle_and_lease_next,
+                d.owner,
+                [(c.delivered, c.last) for c in together],
+                batch=LEASE_BATCH,
+                lease_for=d.lease_for,
+            )
+            none: list[list[LeasedDelivery]] = [[] for _ in together]
+            nexts = await d.retrying(write, none)
+            for continuation, queue in zip(together, nexts, strict=True):
+                continuation.next.set_result(queue)
+        finally:
+            # on cancellation, a queue whose write did not happen ends; its lease runs out
+            for continuation in together:
+                if not continuation.next.done():
+                    continuation.next.set_result([])
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """A queue's finished batch, waiting for its next one."""
+
+    delivered: list[tuple[int, int]]
+    last: LeasedDelivery
+    next: asyncio.Future[list[LeasedDelivery]]
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -1,0 +1,112 @@
+"""Leases of the webhook queue: a dispatcher holds an (endpoint, subject) queue alone,
+in order, and a queue it finished flows on to its next deliveries in the settling
+transaction, never past a delivery someone else holds or that is waiting for a retry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.outbox import record_events
+from hongbao.ledger.webhook_store import Failure, LeasedDelivery, WebhookStore
+from tests.ledger.test_outbox import add_endpoint, settled
+
+LEASE = timedelta(seconds=30)
+
+
+async def emit(ledger: SqlLedger, packet_id: str, first: int, count: int) -> None:
+    batch = [settled(packet_id, n) for n in range(first, first + count)]
+
+    async def work(conn: AsyncConnection) -> int:
+        return await record_events(conn, batch)
+
+    await ledger.transaction(work)
+
+
+async def go_on(
+    store: WebhookStore,
+    owner: str,
+    delivered: list[tuple[int, int]],
+    last: LeasedDelivery,
+    batch: int = 3,
+) -> list[LeasedDelivery]:
+    """Settle one queue's batch and lease its next one."""
+    (queue,) = await store.settle_and_lease_next(
+        owner, [(delivered, last)], batch=batch, lease_for=LEASE
+    )
+    return queue
+
+
+def numbers(queue: list[LeasedDelivery]) -> list[int]:
+    return [int(d.payload.split('"n":')[1].rstrip("}")) for d in queue]
+
+
+async def test_a_queue_is_held_by_one_dispatcher_and_flows_on_in_order(ledger: SqlLedger) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"])
+    store = WebhookStore(ledger)
+    await emit(ledger, "p1", 1, 5)
+    await emit(ledger, "p2", 1, 2)
+
+    held = await store.lease("a", heads=1, batch=3, lease_for=LEASE)
+    assert [numbers(q) for q in held] == [[1, 2, 3]]
+    assert held[0][0].subject == "packet:p1"
+    # the other dispatcher finds only the other packet's queue
+    other = await store.lease("b", heads=10, batch=10, lease_for=LEASE)
+    assert [(q[0].subject, numbers(q)) for q in other] == [("packet:p2", [1, 2])]
+
+    await emit(ledger, "p1", 6, 2)
+    delivered = [(d.delivery_id, 204) for d in held[0]]
+    after = await go_on(store, "a", delivered, held[0][-1])
+    assert numbers(after) == [4, 5, 6]
+    assert await store.lease("b", heads=10, batch=10, lease_for=LEASE) == []
+
+    # b settles nothing of a's, and a settles the rest
+    rest = [(d.delivery_id, 200) for d in after]
+    assert await go_on(store, "b", rest, after[-1]) == []
+    last = await go_on(store, "a", rest, after[-1])
+    assert numbers(last) == [7]
+    assert await go_on(store, "a", [(last[0].delivery_id, 200)], last[-1]) == []
+    stats = await store.stats()
+    assert (stats.pending, stats.delivered) == (2, 7)  # p2's two, still leased by b
+
+
+async def test_a_queue_does_not_flow_past_a_delivery_waiting_for_its_retry(
+    ledger: SqlLedger,
+) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"])
+    store = WebhookStore(ledger)
+    await emit(ledger, "p1", 1, 4)
+    held = (await store.lease("a", heads=1, batch=2, lease_for=LEASE))[0]
+    # the first is delivered, the second fails and waits; the rest stays behind it
+    later = datetime.now(UTC) + timedelta(hours=1)
+    await store.settle(
+        "a",
+        [(held[0].delivery_id, 204)],
+        [Failure(held[1].delivery_id, 500, "HTTP 500", later)],
+        [],
+    )
+    assert await store.lease("b", heads=10, batch=10, lease_for=LEASE) == []
+    assert await go_on(store, "a", [], held[-1], batch=10) == []
+    stats = await store.stats()
+    assert (stats.pending, stats.delivered, stats.failing) == (3, 1, 1)
+
+
+async def test_several_queues_flow_on_in_one_transaction(ledger: SqlLedger) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"])
+    store = WebhookStore(ledger)
+    for packet_id in ("p1", "p2", "p3"):
+        await emit(ledger, packet_id, 1, 3)
+    held = await store.lease("a", heads=3, batch=2, lease_for=LEASE)
+    assert [(q[0].subject, numbers(q)) for q in held] == [
+        ("packet:p1", [1, 2]),
+        ("packet:p2", [1, 2]),
+        ("packet:p3", [1, 2]),
+    ]
+    # p2's batch failed and stays held; p3's and p1's are delivered (in that order)
+    finished = [([(d.delivery_id, 204) for d in q], q[-1]) for q in (held[2], held[0])]
+    nexts = await store.settle_and_lease_next("a", finished, batch=5, lease_for=LEASE)
+    assert [(q[0].subject, numbers(q)) for q in nexts] == [("packet:p3", [3]), ("packet:p1", [3])]
+    stats = await store.stats()
+    assert (stats.pending, stats.delivered) == (5, 4)
