@@ -513,49 +513,35 @@ async def _queues(
     conn: AsyncConnection, now: datetime, heads: list[int], batch: int
 ) -> list[list[tuple[int, str]]]:
     """For each head, it and the pending deliveries after it of its (endpoint, subject),
-    while they are due and unleased, at most `batch`: [(delivery id, event id)] each."""
+    while they are due and unleased, at most `batch`: [(delivery id, event id)] each. A
+    head that is not its queue's first pending delivery leases nothing. One short read
+    per head (an index range of `ix_deliveries_subject`), whatever the backlog."""
     pairs = (
         await conn.execute(
             sa.select(_D.c.id, _D.c.endpoint_id, _D.c.subject).where(among(conn, _D.c.id, heads))
         )
     ).all()
-    head_of = {(r.endpoint_id, r.subject): int(r.id) for r in pairs}
-    rank = (
-        sa.func.row_number()
-        .over(partition_by=(_D.c.endpoint_id, _D.c.subject), order_by=_D.c.id)
-        .label("rank")
-    )
-    inner = (
-        sa.select(
-            _D.c.id,
-            _D.c.endpoint_id,
-            _D.c.subject,
-            _D.c.event_id,
-            _D.c.next_attempt_at,
-            _D.c.leased_until,
-            rank,
+    out: list[list[tuple[int, str]]] = []
+    for head in sorted(pairs, key=lambda r: int(r.id)):
+        rows = await conn.execute(
+            sa.select(_D.c.id, _D.c.event_id, _D.c.next_attempt_at, _D.c.leased_until)
+            .where(
+                _D.c.endpoint_id == head.endpoint_id,
+                _D.c.subject == head.subject,
+                _D.c.status == "pending",
+            )
+            .order_by(_D.c.id)
+            .limit(batch)
         )
-        .where(
-            _D.c.status == "pending",
-            _D.c.endpoint_id.in_(sorted({e for e, _ in head_of})),
-            _D.c.subject.in_(sorted({s for _, s in head_of})),
-        )
-        .subquery()
-    )
-    rows = await conn.execute(sa.select(inner).where(inner.c.rank <= batch).order_by(inner.c.id))
-    queues: dict[int, list[tuple[int, str]]] = {}
-    stopped: set[int] = set()
-    for r in rows:
-        head = head_of.get((r.endpoint_id, r.subject))
-        if head is None or head in stopped:
-            continue  # another endpoint's queue of the subject, or past a delivery not due
-        queue = queues.setdefault(head, [])
-        leased = r.leased_until is not None and r.leased_until >= now
-        if (not queue and int(r.id) != head) or r.next_attempt_at > now or leased:
-            stopped.add(head)
-            continue
-        queue.append((int(r.id), r.event_id))
-    return [queue for head, queue in sorted(queues.items()) if queue]
+        queue: list[tuple[int, str]] = []
+        for r in rows:
+            leased = r.leased_until is not None and r.leased_until >= now
+            if (not queue and int(r.id) != int(head.id)) or r.next_attempt_at > now or leased:
+                break
+            queue.append((int(r.id), r.event_id))
+        if queue:
+            out.append(queue)
+    return out
 
 
 async def _with_events(
