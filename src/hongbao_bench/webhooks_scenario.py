@@ -9,7 +9,11 @@ Reported: the persister's pace (claims committed per second, from the first even
 commit to the last's), the dispatcher's (events delivered per second, from the first
 commit to the last arrival), their ratio, and the lag from each event's commit (its
 ``timestamp``) to its arrival, p50 and p99. The dispatcher keeps pace when the ratio is
-near 1: the last event arrives soon after the last claim commits.
+near 1: the last event arrives soon after the last claim commits. Two storms: the
+in-process dispatcher alone (as `hongbao serve` and `hongbao worker` run it), then with
+a `hongbao webhooks dispatch` process beside it. A third row, ``webhooks-dispatcher``,
+measures the dispatcher's own rate and CPU per event: the same number of events already
+queued, sent by a dispatcher alone in this process.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+from sqlalchemy.ext.asyncio import AsyncConnection
 
+from hongbao.ledger.outbox import OutboxEvent, packet_subject, record_events
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.webhooks import Dispatcher
@@ -49,7 +55,8 @@ async def webhooks_scenario(ctx: BenchContext) -> list[Outcome]:
     settings = replace(ctx.settings(), webhook_poll_interval=0.02)
     service = await Hongbao.connect(settings, migrate=True)
     try:
-        return [await _storm(ctx, service, name, extra) for name, extra in ROWS]
+        rows = [await _storm(ctx, service, name, extra) for name, extra in ROWS]
+        return [*rows, await _dispatcher_alone(ctx, service)]
     finally:
         await service.aclose()
 
@@ -62,15 +69,13 @@ async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     stop = asyncio.Event()
+    persister = Persister(service.store, service.ledger, settings, consumer="bench-webhooks")
+    # the grabs of earlier scenarios are settled first: their events are not this storm's
+    await asyncio.wait_for(persister.drain(), DEADLINE)
     async with contextlib.AsyncExitStack() as cleanup:
         endpoint = await service.webhooks.create(f"{url}/hook", ["claim.settled"])
         cleanup.push_async_callback(service.webhooks.delete, endpoint.id)
-        receiver = await _start(
-            ctx,
-            "webhook-receiver",
-            ["-m", "hongbao_bench.webhook_receiver", str(port), endpoint.secret],
-        )
-        cleanup.push_async_callback(_stop, receiver)
+        receiver = await _receiver(ctx, cleanup, port, endpoint.secret)
         dispatchers = []
         for n in range(processes):
             dispatch = [
@@ -83,7 +88,6 @@ async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int)
             ]
             dispatchers.append(await _start(ctx, f"webhook-dispatch-{n}", dispatch))
             cleanup.push_async_callback(_stop, dispatchers[-1])
-        persister = Persister(service.store, service.ledger, settings, consumer="bench-webhooks")
         workers = [
             asyncio.create_task(persister.run(stop)),
             asyncio.create_task(Dispatcher(service.ledger, settings).run(stop)),
@@ -117,6 +121,77 @@ async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int)
             key = who.replace(" ", "_") + "_us_per_event"
             outcome.figures[key] = round(seconds / max(1, expected) * 1e6, 1)
     return outcome
+
+
+async def _dispatcher_alone(ctx: BenchContext, service: Hongbao) -> Outcome:
+    """The dispatcher's own rate and CPU: `Profile.webhook_events` events already queued
+    (over 10 packets), sent by a dispatcher alone in this process to the receiver."""
+    expected = ctx.profile.webhook_events
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as cleanup:
+        endpoint = await service.webhooks.create(f"{url}/hook", ["claim.settled"])
+        cleanup.push_async_callback(service.webhooks.delete, endpoint.id)
+        receiver = await _receiver(ctx, cleanup, port, endpoint.secret)
+        await _queue_events(service, expected)
+        ctx.say(f"webhooks-dispatcher: {expected:,} queued events, the dispatcher alone")
+        started, cpu = time.time(), time.process_time()
+        receiver_cpu = process_cpu_seconds(receiver.pid)
+        task = asyncio.create_task(Dispatcher(service.ledger, service.settings).run(stop))
+        cleanup.push_async_callback(_stop_workers, stop, [task])
+        got = await _arrivals(url, expected)
+        cpu = time.process_time() - cpu
+        receiver_cpu = process_cpu_seconds(receiver.pid) - receiver_cpu
+    count = len(got["arrivals"])
+    last = max((a for a, _ in got["arrivals"]), default=started)
+    figures = {
+        "events": count,
+        "events_per_second": round(count / max(last - started, 1e-3), 1),
+        "dispatcher_us_per_event": round(cpu / max(1, count) * 1e6, 1),
+        "receiver_us_per_event": round(receiver_cpu / max(1, count) * 1e6, 1),
+        "forged": int(got["forged"]),
+    }
+    problems = [f"{count} of {expected} events arrived"] if count != expected else []
+    if figures["forged"]:
+        problems.append(f"{figures['forged']} messages failed verification")
+    summary = (
+        f"{count:,} queued events at {figures['events_per_second']:,} events/s, "
+        f"{figures['dispatcher_us_per_event']} µs of dispatcher CPU each "
+        f"(receiver {figures['receiver_us_per_event']} µs)"
+    )
+    status = "failed" if problems else "ok"
+    note = "; ".join([*problems, summary])
+    return Outcome("webhooks-dispatcher", "webhooks", status, note=note, figures=figures)
+
+
+async def _queue_events(service: Hongbao, count: int) -> None:
+    """`count` claim.settled events of 10 packets in the outbox, as the persister writes
+    them (a delivery each for the endpoints that receive them)."""
+    for first in range(0, count, 1_000):
+        batch = [
+            OutboxEvent(
+                "claim.settled",
+                packet_subject(f"bench-{n % PACKETS}"),
+                {"packet_id": f"bench-{n % PACKETS}", "user_id": f"w{n}", "seq": n, "amount": 1},
+            )
+            for n in range(first, min(count, first + 1_000))
+        ]
+
+        async def write(conn: AsyncConnection, batch: list[OutboxEvent] = batch) -> int:
+            return await record_events(conn, batch)
+
+        await service.ledger.transaction(write)
+
+
+async def _receiver(
+    ctx: BenchContext, cleanup: contextlib.AsyncExitStack, port: int, secret: str
+) -> asyncio.subprocess.Process:
+    """The receiver process on `port`, stopped with `cleanup`."""
+    args = ["-m", "hongbao_bench.webhook_receiver", str(port), secret]
+    receiver = await _start(ctx, RECEIVER, args)
+    cleanup.push_async_callback(_stop, receiver)
+    return receiver
 
 
 async def _arrivals(url: str, expected: int) -> dict[str, Any]:

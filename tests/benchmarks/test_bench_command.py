@@ -54,6 +54,8 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         "history-sent@sqlite",
         "history-entries@sqlite",
         "webhooks",
+        "webhooks+dispatch",
+        "webhooks-dispatcher",
     ):
         assert name in names
     ours = [row for row in data["scenarios"] if row["ours"]]
@@ -74,6 +76,10 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         row = next(r for r in data["scenarios"] if r["scenario"] == name)
         assert row["status"] == "ok" and row["figures"]["slices_rps"], row
         assert row["result"]["grabs_attempted"] > 0
+    for name in ("webhooks", "webhooks+dispatch", "webhooks-dispatcher"):
+        row = next(r for r in data["scenarios"] if r["scenario"] == name)
+        assert row["status"] == "ok" and row["figures"]["forged"] == 0, row
+        assert row["figures"]["events"] == 2_000 and row["figures"]["events_per_second"] > 0
     assert {t["name"] for t in data["targets"]} >= {"hongbao / seed-baseline"}
     assert plot.stat().st_size > 0
     assert "| scenario |" in markdown.read_text()
