@@ -232,6 +232,19 @@ class WebhookStore:
 
         await self.ledger.transaction(work)
 
+    async def enable_endpoint(self, endpoint_id: str) -> EndpointRecord | None:
+        """Let a disabled endpoint receive events again (an enabled one stays as it is);
+        None if there is no such endpoint. Its parked deliveries stay parked: an operator
+        sends them again with `retry`, once the receiver takes them."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                _E.update().where(_E.c.id == endpoint_id).values(enabled=True, disabled_reason=None)
+            )
+
+        await self.ledger.transaction(work)
+        return await self.endpoint(endpoint_id)
+
     # -- the dispatcher ----------------------------------------------------------------------
 
     async def lease(
