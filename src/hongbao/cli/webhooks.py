@@ -5,6 +5,8 @@
   any delivery is parked);
 - ``retry ID`` / ``retry-all``: put them back in the queue, due now, with a fresh retry
   window (the dispatcher of ``hongbao worker`` or ``hongbao serve`` sends them);
+- ``enable ID``: an endpoint a 410 Gone disabled receives events again (its parked
+  deliveries wait for ``retry-all``);
 - ``dispatch``: a dispatcher in a process of its own, beside the one of ``hongbao
   worker`` or ``hongbao serve``: the dispatchers divide the queue, so a storm's events
   get a core of their own.
@@ -23,13 +25,13 @@ from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from hongbao.ledger.webhook_store import WebhookStore
+    from hongbao.ledger.webhook_store import EndpointRecord, WebhookStore
 
 T = TypeVar("T")
 
 app = typer.Typer(
     name="webhooks",
-    help="Webhook endpoints and deliveries: list, failed, retry, retry-all, dispatch.",
+    help="Webhook endpoints and deliveries: list, failed, retry, retry-all, enable, dispatch.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -127,6 +129,24 @@ def retry_all(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT_DATA
 
     count = _run(database_url, data_dir, work)
     err.print(f"{count} deliveries are due again", style="green")
+
+
+@app.command("enable")
+def enable(
+    endpoint_id: Annotated[str, typer.Argument(help="The endpoint (see `list`).")],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Send events to a disabled endpoint again; then `retry-all` sends its parked ones."""
+    from rich.markup import escape  # the id is shown as typed, never read as Rich markup
+
+    async def work(store: WebhookStore) -> EndpointRecord | None:
+        return await store.enable_endpoint(endpoint_id)
+
+    if _run(database_url, data_dir, work) is None:
+        fail(escape(f"no webhook endpoint {endpoint_id[:40]!r} (see hongbao webhooks list)"))
+    done = f"endpoint {endpoint_id} is enabled; hongbao webhooks retry-all sends its parked ones"
+    err.print(escape(done), style="green", soft_wrap=True)
 
 
 @app.command("dispatch")

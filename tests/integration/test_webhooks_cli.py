@@ -1,0 +1,48 @@
+"""`hongbao webhooks` commands as an operator runs them, as subprocesses: enable on each
+database, exit codes and messages."""
+
+from __future__ import annotations
+
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.webhook_store import WebhookStore
+from tests.api.serving import run_cli
+from tests.api.test_cli import assert_usage_error
+from tests.ledger.test_outbox import add_endpoint
+from tests.ledger.test_webhook_leases import emit
+
+
+async def test_enable_lets_a_disabled_endpoint_receive_and_retry_all_requeue(
+    ledger: SqlLedger, sql_url: str
+) -> None:
+    await add_endpoint(ledger, "we_gone", ["claim.settled"])
+    await emit(ledger, "p1", 1, 2)
+    store = WebhookStore(ledger)
+    await store.disable_endpoint("we_gone", "the receiver answered 410 Gone")
+    url = ["--database-url", sql_url]
+    # a disabled endpoint's parked deliveries stay parked
+    assert "0 deliveries are due again" in run_cli("webhooks", "retry-all", *url).stderr
+
+    done = run_cli("webhooks", "enable", "we_gone", *url)
+    assert done.returncode == 0, done.stderr
+    assert "endpoint we_gone is enabled" in done.stderr and "retry-all" in done.stderr
+    endpoint = await store.endpoint("we_gone")
+    assert endpoint is not None and (endpoint.enabled, endpoint.disabled_reason) == (True, None)
+    assert (await store.stats()).parked == 2
+    listed = run_cli("webhooks", "list", *url)
+    assert "we_gone" in listed.stdout and "enabled" in listed.stdout, listed.stdout
+    again = run_cli("webhooks", "enable", "we_gone", *url)
+    assert again.returncode == 0, again.stderr
+
+    done = run_cli("webhooks", "retry-all", *url)
+    assert done.returncode == 0 and "2 deliveries are due again" in done.stderr, done.stderr
+    stats = await store.stats()
+    assert (stats.pending, stats.parked) == (2, 0)
+
+
+async def test_enable_of_an_unknown_endpoint_is_an_error(ledger: SqlLedger, sql_url: str) -> None:
+    await add_endpoint(ledger, "we_off", ["claim.settled"], enabled=False)
+    done = run_cli("webhooks", "enable", "we_[bold]nothing", "--database-url", sql_url)
+    assert_usage_error(done, "no webhook endpoint 'we_[bold]nothing'", "hongbao webhooks list")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    endpoint = await WebhookStore(ledger).endpoint("we_off")
+    assert endpoint is not None and endpoint.enabled is False
