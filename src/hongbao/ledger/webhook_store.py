@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from hongbao.ledger.records import among, from_db, to_db, utcnow
 from hongbao.ledger.schema import events, webhook_deliveries, webhook_endpoints
 from hongbao.ledger.sql import SqlLedger
+from hongbao.ledger.webhook_prune import prune
 
 _D = webhook_deliveries
 _E = webhook_endpoints
@@ -401,6 +402,14 @@ class WebhookStore:
             return int(done.rowcount)
 
         return await self.ledger.transaction(work)
+
+    async def prune(self, older_than: timedelta, batch: int = 5_000) -> tuple[int, int]:
+        """Delete the deliveries delivered more than `older_than` ago, then the events as
+        old that no delivery refers to (never one with a pending or parked delivery),
+        `batch` rows per transaction; returns (deliveries, events) deleted. ValueError,
+        and nothing deleted, for an `older_than` that is not positive or a `batch` below
+        1. See hongbao.ledger.webhook_prune."""
+        return await prune(self.ledger, older_than, batch)
 
 
 async def _lease(
