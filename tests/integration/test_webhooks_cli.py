@@ -1,14 +1,21 @@
-"""`hongbao webhooks` commands as an operator runs them, as subprocesses: enable on each
-database, exit codes and messages."""
+"""`hongbao webhooks` commands as an operator runs them, as subprocesses: enable and
+prune on each database; exit codes and messages."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import pytest
+import typer
+
+from hongbao.cli.webhooks import parse_age
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.webhook_store import WebhookStore
 from tests.api.serving import run_cli
 from tests.api.test_cli import assert_usage_error
-from tests.ledger.test_outbox import add_endpoint
+from tests.ledger.test_outbox import add_endpoint, counts
 from tests.ledger.test_webhook_leases import emit
+from tests.ledger.test_webhook_prune import OLD, age
 
 
 async def test_enable_lets_a_disabled_endpoint_receive_and_retry_all_requeue(
@@ -46,3 +53,48 @@ async def test_enable_of_an_unknown_endpoint_is_an_error(ledger: SqlLedger, sql_
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     endpoint = await WebhookStore(ledger).endpoint("we_off")
     assert endpoint is not None and endpoint.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("90m", timedelta(minutes=90)),
+        ("60m", timedelta(hours=1)),
+        ("1h", timedelta(hours=1)),
+        ("3650d", timedelta(days=3650)),
+    ],
+)
+def test_prune_ages(value: str, expected: timedelta) -> None:
+    assert parse_age(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["", "30", "d", "30x", "30D", "1.5d", "-1d", "59m", "0h", "3651d", "9" * 30 + "d"]
+)
+def test_bad_prune_ages(value: str) -> None:
+    with pytest.raises(typer.BadParameter):
+        parse_age(value)
+
+
+async def test_prune_deletes_what_is_due_and_on_a_bad_age_nothing(
+    ledger: SqlLedger, sql_url: str
+) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"])
+    await emit(ledger, "old", 1, 2)
+    await age(ledger, "old", "delivered", OLD)
+    await emit(ledger, "parked", 1, 1)
+    await age(ledger, "parked", "parked", OLD)
+    url = ["--database-url", sql_url]
+    for bad in ("30", "59m", "3651d"):
+        done = run_cli("webhooks", "prune", "--older-than", bad, *url)
+        assert_usage_error(done, "--older-than", bad)
+    assert_usage_error(run_cli("webhooks", "prune", *url), "--older-than")
+    assert await counts(ledger) == (3, 3)
+
+    done = run_cli("webhooks", "prune", "--older-than", "30d", *url)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 2 delivered deliveries and 2 events" in done.stderr
+    assert await counts(ledger) == (1, 1)
+    assert (await WebhookStore(ledger).stats()).parked == 1
