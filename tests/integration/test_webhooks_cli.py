@@ -1,9 +1,16 @@
 """`hongbao webhooks` commands as an operator runs them, as subprocesses: enable and
-prune on each database; exit codes and messages."""
+prune on each database, and dispatch delivering a SQLite ledger's queue to a real local
+receiver; exit codes and messages."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import sqlite3
+import subprocess
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import typer
@@ -11,11 +18,13 @@ import typer
 from hongbao.cli.webhooks import parse_age
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.webhook_store import WebhookStore
-from tests.api.serving import run_cli
+from hongbao.webhooks.endpoints import new_secret
+from tests.api.serving import clean_env, command, run_cli
 from tests.api.test_cli import assert_usage_error
 from tests.ledger.test_outbox import add_endpoint, counts
 from tests.ledger.test_webhook_leases import emit
 from tests.ledger.test_webhook_prune import OLD, age
+from tests.webhook_receiver import Receiver
 
 
 async def test_enable_lets_a_disabled_endpoint_receive_and_retry_all_requeue(
@@ -98,3 +107,61 @@ async def test_prune_deletes_what_is_due_and_on_a_bad_age_nothing(
     assert "deleted 2 delivered deliveries and 2 events" in done.stderr
     assert await counts(ledger) == (1, 1)
     assert (await WebhookStore(ledger).stats()).parked == 1
+
+
+async def test_dispatch_delivers_the_queue_and_stops_on_sigterm(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.sqlite3'}"
+    ledger = SqlLedger.from_url(url)
+    try:
+        await ledger.migrate()
+        store = WebhookStore(ledger)
+        endpoint = await store.create_endpoint(
+            "we_r", receiver.url, ["claim.settled"], new_secret()
+        )
+        receiver.secrets = [endpoint.secret]
+        await emit(ledger, "p1", 1, 3)
+        await emit(ledger, "p2", 1, 2)
+        dispatcher = await asyncio.create_subprocess_exec(
+            *command(),
+            *("webhooks", "dispatch", "--database-url", url),
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while (await store.stats()).delivered < 5:
+                assert dispatcher.returncode is None, await dispatcher.communicate()
+                assert time.monotonic() < deadline, "not delivered in 30 s"
+                await asyncio.sleep(0.05)
+            dispatcher.send_signal(signal.SIGTERM)
+            out, err = (b.decode() for b in await asyncio.wait_for(dispatcher.communicate(), 30))
+        finally:
+            if dispatcher.returncode is None:
+                dispatcher.kill()
+                await dispatcher.wait()
+        assert dispatcher.returncode == 0, out + err
+        assert "Traceback" not in out + err
+        assert "dispatch: running" in err and "dispatch: stopped" in err, err
+        stats = await store.stats()
+        assert (stats.pending, stats.delivered, stats.parked) == (0, 5, 0)
+    finally:
+        await ledger.aclose()
+    assert receiver.refused == []
+    assert all(r.verified_by == (0,) for r in receiver.got)
+    by_packet: dict[str, list[int]] = {}
+    for r in receiver.got:
+        by_packet.setdefault(r.data["packet_id"], []).append(r.data["n"])
+    assert by_packet == {"p1": [1, 2, 3], "p2": [1, 2]}
+
+
+def test_dispatch_on_an_unmigrated_ledger_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "unmigrated.sqlite3"
+    sqlite3.connect(path).close()
+    done = run_cli("webhooks", "dispatch", "--database-url", f"sqlite:///{path}")
+    assert_usage_error(done, "cannot read the webhook queue", "is the ledger migrated?")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stdout == ""
