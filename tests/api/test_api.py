@@ -564,6 +564,7 @@ async def test_health_ready_metrics_openapi(client: httpx.AsyncClient) -> None:
         "/v1/webhooks",
         "/v1/webhooks/{webhook_id}",
         "/v1/webhooks/{webhook_id}/rotate-secret",
+        "/v1/webhooks/{webhook_id}/enable",
         "/healthz",
         "/readyz",
         "/metrics",

@@ -9,7 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
+from hongbao.ledger import SqlLedger
+from hongbao.ledger.webhook_store import WebhookStore
 from tests.api.conftest import ADMIN, bearer, eventually
+from tests.api.serving import run_cli
 from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
@@ -43,6 +46,7 @@ async def test_only_admins_manage_webhooks(client: httpx.AsyncClient) -> None:
         ("GET", f"/v1/webhooks/{made['id']}", None),
         ("DELETE", f"/v1/webhooks/{made['id']}", None),
         ("POST", f"/v1/webhooks/{made['id']}/rotate-secret", None),
+        ("POST", f"/v1/webhooks/{made['id']}/enable", None),
     ]
     for method, path, body in calls:
         r = await client.request(method, path, json=body, headers=alice)
@@ -95,8 +99,11 @@ async def test_a_registered_endpoint_receives_signed_events(
     assert receiver.refused == []
     shown = (await client.get(f"/v1/webhooks/{made['id']}", headers=ADMIN)).json()
     assert "secret" not in shown and shown["url"] == receiver.url
-    missing = await client.get("/v1/webhooks/we_nothing", headers=ADMIN)
-    assert (missing.status_code, missing.json()["code"]) == (404, "webhook_not_found")
+    for missing in (
+        await client.get("/v1/webhooks/we_nothing", headers=ADMIN),
+        await client.post("/v1/webhooks/we_nothing/enable", headers=ADMIN),
+    ):
+        assert (missing.status_code, missing.json()["code"]) == (404, "webhook_not_found")
 
 
 async def test_after_a_rotation_both_secrets_sign(
@@ -149,3 +156,62 @@ async def test_a_receiver_answering_410_disables_its_endpoint(
     await deposit(client, "dave", 100)
     await asyncio.sleep(1.0)
     assert len(receiver.got) == 1
+
+
+async def test_an_endpoint_enabled_after_a_410_gets_its_parked_events_on_retry_all(
+    receiver: Receiver, client: httpx.AsyncClient, ledger: SqlLedger, sql_url: str
+) -> None:
+    made = await register(client, receiver.url, ["wallet.deposited"])
+    receiver.secrets = [made["secret"]]
+    store = WebhookStore(ledger)
+    # one wallet's deposits wait behind its first, which fails while the receiver is
+    # down; back up, the receiver answers that first one 410, once: one disable
+    receiver.stop()
+    for amount in (100, 200, 300):
+        await deposit(client, "erin", amount)
+
+    async def failing() -> int:
+        return (await store.stats()).failing
+
+    assert await eventually(failing, 1) == 1
+    receiver.answer = 410
+    receiver.start()
+
+    async def parked() -> int:
+        return (await store.stats()).parked
+
+    assert await eventually(parked, 3) == 3
+    shown = (await client.get(f"/v1/webhooks/{made['id']}", headers=ADMIN)).json()
+    assert shown["enabled"] is False and "410" in shown["disabled_reason"]
+    assert len(receiver.got) == 1
+
+    receiver.answer = 200
+    for _ in range(2):  # enabling an enabled endpoint changes nothing
+        r = await client.post(f"/v1/webhooks/{made['id']}/enable", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        enabled = r.json()
+        assert (enabled["id"], enabled["enabled"], enabled["disabled_reason"]) == (
+            made["id"],
+            True,
+            None,
+        )
+        assert "secret" not in enabled
+    # enabled, the endpoint gets new events; the parked ones wait for an operator
+    await deposit(client, "frank", 5)
+    assert await arrived(receiver, 2) == 2
+    assert receiver.got[1].data == {"user_id": "frank", "amount": 5, "balance": 5, "actor": "admin"}
+    assert (await store.stats()).parked == 3
+
+    # in a thread: the app's dispatcher, on this loop, must go on while the command runs
+    done = await asyncio.to_thread(run_cli, "webhooks", "retry-all", "--database-url", sql_url)
+    assert done.returncode == 0 and "3 deliveries are due again" in done.stderr, done.stderr
+    assert await arrived(receiver, 5) == 5
+    assert [r.data["amount"] for r in receiver.got[2:]] == [100, 200, 300]
+    assert receiver.got[2].id == receiver.got[0].id  # the same webhook-id as before
+    assert receiver.refused == []
+
+    async def delivered() -> int:
+        return (await store.stats()).delivered
+
+    assert await eventually(delivered, 4) == 4
+    assert (await store.stats()).parked == 0

@@ -587,6 +587,18 @@ def _webhook_paths() -> dict[str, Any]:
                 [401, 403, 404, 503],
             )
         },
+        "/v1/webhooks/{webhook_id}/enable": {
+            "post": _op(
+                "enableWebhook",
+                "Send events to a disabled endpoint again; its parked deliveries stay parked "
+                "until an operator retries them (admin only)",
+                [webhook],
+                None,
+                200,
+                "WebhookOut",
+                [401, 403, 404, 503],
+            )
+        },
     }
 
 

@@ -5,7 +5,9 @@
 - ``GET /v1/webhooks``, ``GET /v1/webhooks/{webhook_id}``: the endpoints;
 - ``DELETE /v1/webhooks/{webhook_id}``: remove it (nothing more is sent to it);
 - ``POST /v1/webhooks/{webhook_id}/rotate-secret``: a new secret; the old one signs
-  too for 24 hours.
+  too for 24 hours;
+- ``POST /v1/webhooks/{webhook_id}/enable``: it receives events again after a 410 Gone
+  disabled it (its parked deliveries stay parked until ``hongbao webhooks retry-all``).
 
 Every call needs the hongbao:admin role. Checks run in the API's order: token (401),
 permission (403), then the body (413, 415, 422).
@@ -109,6 +111,7 @@ class WebhooksApi:
             route_by_method("/v1/webhooks", {"GET": self.list, "POST": self.create}),
             route_by_method("/v1/webhooks/{webhook_id}", {"GET": self.get, "DELETE": self.delete}),
             Route("/v1/webhooks/{webhook_id}/rotate-secret", self.rotate, methods=["POST"]),
+            Route("/v1/webhooks/{webhook_id}/enable", self.enable, methods=["POST"]),
         ]
 
     async def admin(self, request: Request) -> None:
@@ -142,3 +145,8 @@ class WebhooksApi:
         webhook_id = request.path_params["webhook_id"]
         endpoint = await self.api.service.webhooks.rotate_secret(webhook_id)
         return JSONResponse(webhook_json(endpoint, secret=True))
+
+    async def enable(self, request: Request) -> Response:
+        await self.admin(request)
+        endpoint = await self.api.service.webhooks.enable(request.path_params["webhook_id"])
+        return JSONResponse(webhook_json(endpoint))

@@ -5,6 +5,10 @@
   any delivery is parked);
 - ``retry ID`` / ``retry-all``: put them back in the queue, due now, with a fresh retry
   window (the dispatcher of ``hongbao worker`` or ``hongbao serve`` sends them);
+- ``enable ID``: an endpoint a 410 Gone disabled receives events again (its parked
+  deliveries wait for ``retry-all``);
+- ``prune --older-than 30d``: delete the deliveries delivered before then, and the events
+  as old that no delivery refers to any more;
 - ``dispatch``: a dispatcher in a process of its own, beside the one of ``hongbao
   worker`` or ``hongbao serve``: the dispatchers divide the queue, so a storm's events
   get a core of their own.
@@ -12,7 +16,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
@@ -23,17 +29,36 @@ from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from hongbao.ledger.webhook_store import WebhookStore
+    from hongbao.ledger.webhook_store import EndpointRecord, WebhookStore
 
 T = TypeVar("T")
 
 app = typer.Typer(
     name="webhooks",
-    help="Webhook endpoints and deliveries: list, failed, retry, retry-all, dispatch.",
+    help="Webhook endpoints and deliveries: list, failed, retry, retry-all, enable, prune, "
+    "dispatch.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+#: what `prune --older-than` takes: a whole number of days, hours or minutes
+AGE_MINUTES = {"d": 24 * 60, "h": 60, "m": 1}
+MIN_AGE = timedelta(hours=1)
+MAX_AGE = timedelta(days=3650)
+
+
+def parse_age(value: str) -> timedelta:
+    """An age like ``30d``, ``12h`` or ``90m``, from 1 hour to 3650 days: a younger cutoff
+    would prune deliveries an operator may still be looking into."""
+    match = re.fullmatch(r"([0-9]{1,18})([dhm])", value.strip())
+    if match is None:
+        raise typer.BadParameter(f"{value!r} is not an age like 30d, 12h or 90m")
+    minutes = int(match[1]) * AGE_MINUTES[match[2]]
+    if not MIN_AGE.total_seconds() <= minutes * 60 <= MAX_AGE.total_seconds():
+        raise typer.BadParameter(f"{value!r} is not from 1h to 3650d")
+    return timedelta(minutes=minutes)
 
 
 def _run(
@@ -127,6 +152,50 @@ def retry_all(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT_DATA
 
     count = _run(database_url, data_dir, work)
     err.print(f"{count} deliveries are due again", style="green")
+
+
+@app.command("enable")
+def enable(
+    endpoint_id: Annotated[str, typer.Argument(help="The endpoint (see `list`).")],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Send events to a disabled endpoint again; then `retry-all` sends its parked ones."""
+    from rich.markup import escape  # the id is shown as typed, never read as Rich markup
+
+    async def work(store: WebhookStore) -> EndpointRecord | None:
+        return await store.enable_endpoint(endpoint_id)
+
+    if _run(database_url, data_dir, work) is None:
+        fail(escape(f"no webhook endpoint {endpoint_id[:40]!r} (see hongbao webhooks list)"))
+    done = f"endpoint {endpoint_id} is enabled; hongbao webhooks retry-all sends its parked ones"
+    err.print(escape(done), style="green", soft_wrap=True)
+
+
+@app.command("prune")
+def prune(
+    older_than: Annotated[
+        timedelta,
+        typer.Option(
+            "--older-than",
+            help="Delete what is older than this: 30d, 12h or 90m (from 1h to 3650d).",
+            parser=parse_age,
+            metavar="AGE",
+            show_default=False,
+        ),
+    ],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Delete the deliveries delivered longer ago than --older-than, then the events as
+    old that no delivery refers to any more; pending and parked deliveries stay, and so
+    do their events. Batch by batch: it never holds long locks, so it may run anytime."""
+
+    async def work(store: WebhookStore) -> tuple[int, int]:
+        return await store.prune(older_than)
+
+    deliveries, events = _run(database_url, data_dir, work)
+    err.print(f"deleted {deliveries} delivered deliveries and {events} events", style="green")
 
 
 @app.command("dispatch")

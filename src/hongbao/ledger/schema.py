@@ -294,4 +294,6 @@ webhook_deliveries = sa.Table(
     sa.Index("ix_deliveries_due", "status", "next_attempt_at"),
     #: an endpoint's subject in order: is an earlier delivery of it still pending?
     sa.Index("ix_deliveries_subject", "endpoint_id", "subject", "status", "id"),
+    #: an event's deliveries: does any remain (pruning), and the foreign key's checks
+    sa.Index("ix_deliveries_event", "event_id"),
 )

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from hongbao.ledger.records import among, from_db, to_db, utcnow
 from hongbao.ledger.schema import events, webhook_deliveries, webhook_endpoints
 from hongbao.ledger.sql import SqlLedger
+from hongbao.ledger.webhook_prune import prune
 
 _D = webhook_deliveries
 _E = webhook_endpoints
@@ -232,6 +233,19 @@ class WebhookStore:
 
         await self.ledger.transaction(work)
 
+    async def enable_endpoint(self, endpoint_id: str) -> EndpointRecord | None:
+        """Let a disabled endpoint receive events again (an enabled one stays as it is);
+        None if there is no such endpoint. Its parked deliveries stay parked: an operator
+        sends them again with `retry`, once the receiver takes them."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                _E.update().where(_E.c.id == endpoint_id).values(enabled=True, disabled_reason=None)
+            )
+
+        await self.ledger.transaction(work)
+        return await self.endpoint(endpoint_id)
+
     # -- the dispatcher ----------------------------------------------------------------------
 
     async def lease(
@@ -388,6 +402,14 @@ class WebhookStore:
             return int(done.rowcount)
 
         return await self.ledger.transaction(work)
+
+    async def prune(self, older_than: timedelta, batch: int = 5_000) -> tuple[int, int]:
+        """Delete the deliveries delivered more than `older_than` ago, then the events as
+        old that no delivery refers to (never one with a pending or parked delivery),
+        `batch` rows per transaction; returns (deliveries, events) deleted. ValueError,
+        and nothing deleted, for an `older_than` that is not positive or a `batch` below
+        1. See hongbao.ledger.webhook_prune."""
+        return await prune(self.ledger, older_than, batch)
 
 
 async def _lease(

@@ -92,3 +92,11 @@ class WebhookEndpoints:
         if found is None:
             raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
         return found
+
+    async def enable(self, endpoint_id: str) -> EndpointRecord:
+        """Let a disabled endpoint receive events again; its parked deliveries stay parked
+        until an operator retries them."""
+        found = await self.store.enable_endpoint(endpoint_id)
+        if found is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
+        return found
