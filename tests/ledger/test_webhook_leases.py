@@ -10,7 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.outbox import record_events
-from hongbao.ledger.webhook_store import Failure, LeasedDelivery, WebhookStore
+from hongbao.ledger.webhook_records import Failure, LeasedDelivery
+from hongbao.ledger.webhook_store import WebhookStore
 from tests.ledger.test_outbox import add_endpoint, settled
 
 LEASE = timedelta(seconds=30)

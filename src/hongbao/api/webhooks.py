@@ -27,7 +27,7 @@ from hongbao.api.routes import Api, read_json, route_by_method
 from hongbao.api.schemas import iso
 from hongbao.errors import Forbidden
 from hongbao.ledger.outbox import EVENT_TYPES
-from hongbao.ledger.webhook_store import EndpointRecord
+from hongbao.ledger.webhook_records import EndpointRecord
 from hongbao.webhooks.endpoints import MAX_URL
 
 EventType = Literal[

@@ -29,7 +29,8 @@ from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from hongbao.ledger.webhook_store import EndpointRecord, WebhookStore
+    from hongbao.ledger.webhook_records import EndpointRecord
+    from hongbao.ledger.webhook_store import WebhookStore
 
 T = TypeVar("T")
 

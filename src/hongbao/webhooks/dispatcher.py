@@ -42,7 +42,8 @@ from standardwebhooks import Webhook
 from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.outbox import timestamp
-from hongbao.ledger.webhook_store import EndpointRecord, Failure, LeasedDelivery, WebhookStore
+from hongbao.ledger.webhook_records import EndpointRecord, Failure, LeasedDelivery
+from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.settings import Settings
 
 log = logging.getLogger("hongbao.webhooks")

@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 from hongbao.errors import InvalidRequest, WebhookNotFound
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.outbox import EVENT_TYPES, new_event_id
-from hongbao.ledger.webhook_store import EndpointRecord, WebhookStore
+from hongbao.ledger.webhook_records import EndpointRecord
+from hongbao.ledger.webhook_store import WebhookStore
 
 #: after a rotation the old secret signs too, so receivers can switch without a gap
 PREVIOUS_SECRET_VALID = timedelta(hours=24)

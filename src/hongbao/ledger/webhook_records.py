@@ -1,0 +1,103 @@
+"""The rows of the webhook tables as the dispatcher and the operator's commands see them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from hongbao.ledger.records import from_db
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRecord:
+    id: str
+    url: str
+    event_types: tuple[str, ...]
+    secret: str
+    previous_secret: str | None
+    previous_secret_until: datetime | None
+    enabled: bool
+    disabled_reason: str | None
+    created_at: datetime
+
+    def signing_secrets(self, now: datetime) -> tuple[str, ...]:
+        """The secrets that sign a message sent at `now`: the current one, and the one
+        before the last rotation until it expires."""
+        if self.previous_secret and self.previous_secret_until and now < self.previous_secret_until:
+            return (self.secret, self.previous_secret)
+        return (self.secret,)
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedDelivery:
+    """A delivery a dispatcher holds, with its event and where it goes."""
+
+    id: str
+    delivery_id: int
+    endpoint: EndpointRecord
+    subject: str
+    attempts: int
+    #: when the retry window started: the event's commit, or an operator's requeue
+    retry_from: datetime
+    event_type: str
+    #: the event's JSON payload, as stored
+    payload: str
+    event_created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt: retry at `next_attempt_at`, or park (None)."""
+
+    delivery_id: int
+    status: int | None
+    error: str
+    next_attempt_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """A delivery as the operator's commands show it."""
+
+    id: int
+    endpoint_id: str
+    url: str
+    event_id: str
+    event_type: str
+    subject: str
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    pending: int
+    delivered: int
+    parked: int
+    #: pending deliveries whose last attempt failed
+    failing: int
+    #: when the oldest pending delivery was created (None: nothing pending)
+    oldest_pending: datetime | None
+
+
+def endpoint_from_row(row: sa.Row[tuple[object, ...]]) -> EndpointRecord:
+    m = row._mapping
+    until = m["previous_secret_until"]
+    return EndpointRecord(
+        id=m["id"],
+        url=m["url"],
+        event_types=tuple(json.loads(m["event_types"])),
+        secret=m["secret"],
+        previous_secret=m["previous_secret"],
+        previous_secret_until=from_db(until) if until is not None else None,
+        enabled=bool(m["enabled"]),
+        disabled_reason=m["disabled_reason"],
+        created_at=from_db(m["created_at"]),
+    )
