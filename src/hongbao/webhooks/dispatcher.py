@@ -177,6 +177,7 @@ class Dispatcher:
         room = self.settings.webhook_concurrency - len(running)
         if room <= 0:
             return 0
+        started = time.monotonic()  # no later than the lease's start, which the database sets
         try:
             queues = await self.store.lease(
                 self.owner, heads=room, batch=LEASE_BATCH, lease_for=self.lease_for
@@ -184,7 +185,6 @@ class Dispatcher:
         except StorageError as exc:
             log.warning("webhooks: cannot lease deliveries: %s", exc)
             return 0
-        started = time.monotonic()
         for queue in queues:
             task = asyncio.create_task(self.send_queue(client, queue, started))
             task.add_done_callback(_report_crash)
@@ -202,7 +202,7 @@ class Dispatcher:
             if not outcome.complete or self._stop.is_set():
                 await self._finish(queue[-1].endpoint, outcome)
                 return
-            leased_at = time.monotonic()
+            leased_at = time.monotonic()  # before the lease, as in _take
             queue = await self._continuations.next(outcome.delivered, queue[-1])
 
     async def _finish(self, endpoint: EndpointRecord, outcome: BatchOutcome) -> None:
