@@ -19,6 +19,7 @@ import contextlib
 import glob
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -174,8 +175,13 @@ class Proc:
                 self.kill9()
 
     def tail(self) -> str:
+        """The log's end, after the first crash report in it (a crash scrolls out of the
+        end while the process shuts down)."""
         with contextlib.suppress(OSError):
-            return self.log.read_text(errors="replace")[-4000:]
+            text = self.log.read_text(errors="replace")
+            crash = next((m.start() for m in re.finditer(r"crashed|Traceback", text)), -1)
+            first = "" if crash < 0 else f"{text[max(0, crash - 200) : crash + 4000]}\n...\n"
+            return first + text[-4000:]
         return ""
 
 

@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from hongbao.domain.ids import new_packet_id
-from hongbao.errors import IdempotencyConflict, InsufficientBalance
+from hongbao.errors import IdempotencyConflict, InsufficientBalance, StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import wallets
-from hongbao.ledger.sql import ClaimEvent, PacketRecord, RefundEvent
+from hongbao.ledger.sql import ClaimEvent, PacketRecord, RefundEvent, database_url
 
 
 def record(sender: str, total: int, count: int, request_hash: str = "h") -> PacketRecord:
@@ -132,3 +133,20 @@ async def test_audit_names_a_broken_wallet(ledger: SqlLedger) -> None:
     problems = await ledger.audit()
     assert any("wallet alice" in p for p in problems)
     assert any(p.startswith("money:") for p in problems)
+
+
+async def test_a_pool_with_no_connection_free_is_a_storage_error(sql_url: str) -> None:
+    """No connection coming free in time is the database being away for the callers
+    (the persister and the dispatchers back off and retry), not an error of their own."""
+    engine = create_async_engine(
+        database_url(sql_url), pool_size=1, max_overflow=0, pool_timeout=0.2
+    )
+    ledger = SqlLedger(engine)
+    try:
+        async with engine.connect():  # the pool's only connection, held
+            with pytest.raises(StorageError, match="unreachable"):
+                await ledger.transaction(lambda conn: conn.execute(sa.text("SELECT 1")))
+            with pytest.raises(StorageError):
+                await ledger.read(lambda conn: conn.execute(sa.text("SELECT 1")))
+    finally:
+        await engine.dispose()

@@ -22,6 +22,7 @@ from alembic.config import Config
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from hongbao.domain.rules import PacketRules, SendLimits
@@ -92,6 +93,11 @@ def database_url(url: str) -> str:
     if "+" not in parsed.drivername:
         parsed = parsed.set(drivername=ASYNC_DRIVERS[backend])
     return parsed.render_as_string(hide_password=False)
+
+
+#: the database cannot be reached: the network (OSError, timeouts included), or no
+#: connection of the pool came free in time while the server is slow or away
+_UNREACHABLE = (OSError, PoolTimeout)
 
 
 def _retryable(exc: DBAPIError) -> bool:
@@ -362,7 +368,7 @@ class SqlLedger:
         try:
             async with self._connect() as conn:
                 return await work(conn)
-        except (DBAPIError, OSError) as exc:
+        except (DBAPIError, *_UNREACHABLE) as exc:
             raise StorageError(f"database: {exc}") from exc
 
     def _connect(self) -> Any:
@@ -384,7 +390,7 @@ class SqlLedger:
                 if isinstance(exc, IntegrityError):
                     raise
                 raise StorageError(f"database: {exc.orig}") from exc
-            except OSError as exc:
+            except _UNREACHABLE as exc:
                 raise StorageError(f"database unreachable: {exc}") from exc
         raise AssertionError("unreachable")
 
@@ -398,13 +404,13 @@ class _Guard:
     async def __aenter__(self) -> AsyncConnection:
         try:
             return await self._cm.__aenter__()
-        except (DBAPIError, OSError) as exc:
+        except (DBAPIError, *_UNREACHABLE) as exc:
             raise StorageError(f"database unreachable: {exc}") from exc
 
     async def __aexit__(self, *exc: Any) -> None:
         try:
             await self._cm.__aexit__(*exc)
-        except (DBAPIError, OSError) as err:
+        except (DBAPIError, *_UNREACHABLE) as err:
             raise StorageError(f"database: {err}") from err
 
 
