@@ -290,6 +290,7 @@ async def test_a_wallets_withdrawals_a_page_at_a_time(client: httpx.AsyncClient)
         ("status=lost", "status"),
         ("limit=0", "limit"),
         ("limit=501", "limit"),
+        ("limit=" + "9" * 5000, "limit"),
         ("cursor=nonsense", "cursor"),
     ):
         r = await client.get(f"/v1/wallets/alice/withdrawals?{query}", headers=bearer("alice"))
