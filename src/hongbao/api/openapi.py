@@ -42,6 +42,7 @@ from hongbao.history import DEFAULT_PAGE, MAX_PAGE, MAX_YEAR, MIN_YEAR
 from hongbao.ledger.schema import ENTRY_KINDS
 from hongbao.settings import Settings
 from hongbao.withdrawals import DEFAULT_PAGE as DEFAULT_WITHDRAWALS_PAGE
+from hongbao.withdrawals import MAX_OLDER_THAN, MAX_STATUS_PAGE
 from hongbao.withdrawals import MAX_PAGE as MAX_WITHDRAWALS_PAGE
 
 REF = "#/components/schemas/{model}"
@@ -429,35 +430,48 @@ def _withdrawal_paths(
         "required": True,
         "description": "the same key again answers the same withdrawal, debited once",
     }
-    listing = [
-        user,
-        behalf,
+    state: dict[str, Any] = {
+        "name": "status",
+        "in": "query",
+        "required": False,
+        "description": "only withdrawals in this state",
+        "schema": {"type": "string", "enum": WITHDRAWAL_STATES},
+    }
+    limit: dict[str, Any] = {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "withdrawals in the page",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_WITHDRAWALS_PAGE,
+            "default": DEFAULT_WITHDRAWALS_PAGE,
+        },
+    }
+    cursor = {
+        "name": "cursor",
+        "in": "query",
+        "required": False,
+        "description": "the `next_cursor` of the previous page",
+        "schema": {"type": "string"},
+    }
+    listing = [user, behalf, state, limit, cursor]
+    in_status = [
         {
-            "name": "status",
-            "in": "query",
-            "required": False,
-            "description": "only withdrawals in this state",
-            "schema": {"type": "string", "enum": WITHDRAWAL_STATES},
+            **state,
+            "description": "the state of the withdrawals listed",
+            "schema": {**state["schema"], "default": "requested"},
         },
         {
-            "name": "limit",
+            "name": "older_than",
             "in": "query",
             "required": False,
-            "description": "withdrawals in the page",
-            "schema": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": MAX_WITHDRAWALS_PAGE,
-                "default": DEFAULT_WITHDRAWALS_PAGE,
-            },
+            "description": "only those requested at least this many seconds ago",
+            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OLDER_THAN},
         },
-        {
-            "name": "cursor",
-            "in": "query",
-            "required": False,
-            "description": "the `next_cursor` of the previous page",
-            "schema": {"type": "string"},
-        },
+        {**limit, "schema": {**limit["schema"], "maximum": MAX_STATUS_PAGE}},
+        cursor,
     ]
     note = {**_body("OutcomeRequest"), "required": False}
     ops = {
@@ -481,6 +495,18 @@ def _withdrawal_paths(
                 "WithdrawalsOut",
                 [401, 403, 422, 503],
             ),
+        },
+        "/v1/withdrawals": {
+            "get": _op(
+                "listWithdrawalsInStatus",
+                "Every user's withdrawals in one state, oldest first; by default the "
+                "requested ones, whose payout is not reported yet (admin only)",
+                in_status,
+                None,
+                200,
+                "WithdrawalsInStatusOut",
+                [401, 403, 422, 503],
+            )
         },
         "/v1/withdrawals/{withdrawal_id}": {
             "get": _op(
