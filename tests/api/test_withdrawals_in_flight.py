@@ -1,5 +1,6 @@
 """GET /v1/withdrawals over HTTP: every user's withdrawals in one status, oldest first,
-for admins only; bad parameters (422, nothing listed); pages."""
+for admins only; bad parameters (422, nothing listed); pages; and the gauge of the
+oldest withdrawal still requested."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from tests.api.test_withdrawals import SERVICE, made, report
 from tests.ledger.test_withdrawals_by_status import requested_at
 
 pytestmark = [pytest.mark.redis]
+
+OLDEST_GAUGE = "hongbao_withdrawals_oldest_requested_seconds"
 
 
 async def listed(client: httpx.AsyncClient, query: str = "") -> dict[str, Any]:
@@ -128,3 +131,22 @@ async def test_bad_parameters_are_422s(client: httpx.AsyncClient) -> None:
         body = problem(r, 422, "invalid_request", field)
         assert field in body["detail"], body
     assert len((await listed(client, "?limit=200"))["items"]) == 2
+
+
+async def oldest_gauge(client: httpx.AsyncClient) -> float:
+    text = (await client.get("/metrics")).text
+    values = [line.split()[1] for line in text.splitlines() if line.startswith(OLDEST_GAUGE)]
+    assert len(values) == 1, text
+    return float(values[0])
+
+
+async def test_the_oldest_requested_gauge(client: httpx.AsyncClient, ledger: SqlLedger) -> None:
+    assert await oldest_gauge(client) == 0.0
+    await deposit(client, "alice", 1000)
+    w = await made(client, "alice", 100, "w1")
+    assert 0.0 < await oldest_gauge(client) < 30
+    await requested_at(ledger, w["id"], datetime.now(UTC) - timedelta(hours=2))
+    assert await oldest_gauge(client) == pytest.approx(7200, abs=30)
+    r = await report(client, w["id"], "complete")
+    assert r.status_code == 200, r.text
+    assert await oldest_gauge(client) == 0.0

@@ -1,6 +1,6 @@
 """Every user's withdrawals in one status, oldest first, on each database: the status
 filter, the cutoff, the order (by the time requested, then id), pages that neither
-repeat nor miss a withdrawal, and the oldest one in flight."""
+repeat nor miss a withdrawal, the oldest one in flight and its metric."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hongbao.errors import InvalidRequest
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.records import to_db
 from hongbao.ledger.schema import withdrawals
+from hongbao.metrics import WithdrawalTotals
 from hongbao.withdrawals import MAX_OLDER_THAN, MAX_STATUS_PAGE, Withdrawals
 
 REQUESTED, COMPLETED, FAILED = WithdrawalStatus
@@ -177,3 +178,19 @@ async def test_the_oldest_in_flight(ledger: SqlLedger, book: Withdrawals) -> Non
     for w in made[2:]:
         await book.complete(w.id)
     assert await book.oldest_requested() is None
+
+
+async def test_the_metric_of_the_oldest_in_flight(ledger: SqlLedger, book: Withdrawals) -> None:
+    gauge = WithdrawalTotals()
+    assert await gauge.refresh(book) and gauge.oldest_requested == 0.0
+    await ledger.deposit("alice", 1000, "d1")
+    old, _ = await book.request("alice", 100, "w1")
+    young, _ = await book.request("alice", 100, "w2")
+    await requested_at(ledger, old.id, datetime.now(UTC) - timedelta(hours=2))
+    assert await gauge.refresh(book)
+    assert gauge.oldest_requested == pytest.approx(7200, abs=30)
+    await book.complete(old.id)
+    assert await gauge.refresh(book)
+    assert 0.0 < gauge.oldest_requested < 30
+    await book.fail(young.id)
+    assert await gauge.refresh(book) and gauge.oldest_requested == 0.0
