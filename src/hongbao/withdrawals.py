@@ -120,8 +120,8 @@ class Withdrawals:
         after: WithdrawalPosition | None = None,
         limit: int = DEFAULT_PAGE,
     ) -> StatusPage:
-        """Every user's withdrawals in `status`, oldest first, only those requested at
-        least `older_than` seconds ago if given, `limit` from after `after` (a page's
+        """Every user's withdrawals in `status`, oldest first, only those requested more
+        than `older_than` seconds ago if given, `limit` from after `after` (a page's
         `next_after`). With the default status: the payouts still in flight, whose
         outcome the payment system has not reported."""
         chosen = _require_status(status)

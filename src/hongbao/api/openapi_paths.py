@@ -150,7 +150,7 @@ def withdrawal_paths(
             "name": "older_than",
             "in": "query",
             "required": False,
-            "description": "only those requested at least this many seconds ago",
+            "description": "only those requested more than this many seconds ago",
             "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OLDER_THAN},
         },
         {**limit, "schema": {**limit["schema"], "maximum": MAX_STATUS_PAGE}},
