@@ -1,6 +1,7 @@
 """Prometheus metrics of the API: grabs by outcome, grab latency, two gauges read from
 Redis at scrape time (persister backlog, dead-lettered entries), and withdrawals by
-outcome and the webhook queue's gauges read from the ledger at scrape time.
+outcome, the age of the oldest one in flight and the webhook queue's gauges read from the
+ledger at scrape time.
 
 Under `hongbao serve --workers N` a scrape reaches one worker, so the workers share a
 folder: each writes its grab tally there every `PUBLISH_SECONDS`, and the worker that
@@ -27,7 +28,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from hongbao.domain.withdrawals import WithdrawalStatus
@@ -169,18 +175,26 @@ def _read_tally(path: Path) -> tuple[dict[str, int], list[int], float] | None:
 class WithdrawalTotals(Collector):
     """Withdrawals by outcome, counted by the ledger and read when scraped, so that every
     worker answers with the same totals: `requested` counts every withdrawal made, and
-    `completed` and `failed` those whose payout was reported so."""
+    `completed` and `failed` those whose payout was reported so. With them, the age of
+    the oldest withdrawal still requested: a payout the payment system never reported
+    keeps the wallet's money in flight until an operator settles it."""
 
     def __init__(self) -> None:
         #: outcome -> (withdrawals, fen)
         self.totals: dict[str, tuple[int, int]] = {s.value: (0, 0) for s in WithdrawalStatus}
+        #: seconds since the oldest withdrawal still requested was made (0: none is)
+        self.oldest_requested = 0.0
 
     async def refresh(self, withdrawals: Withdrawals) -> bool:
-        """Read the totals; False (totals unchanged) if the database does not answer."""
+        """Read the totals and the oldest requested withdrawal; False (all unchanged) if
+        the database does not answer."""
         try:
             by_status = await withdrawals.totals()
+            oldest = await withdrawals.oldest_requested()
         except StorageError:
             return False
+        age = 0.0 if oldest is None else (datetime.now(UTC) - oldest).total_seconds()
+        self.oldest_requested = max(age, 0.0)
         self.totals = {
             WithdrawalStatus.REQUESTED.value: (
                 sum(n for n, _ in by_status.values()),
@@ -202,6 +216,12 @@ class WithdrawalTotals(Collector):
             fen.add_metric([outcome], amount)
         yield count
         yield fen
+        yield GaugeMetricFamily(
+            "hongbao_withdrawals_oldest_requested_seconds",
+            "Age of the oldest withdrawal still requested: debited, its payout not reported "
+            "completed or failed (0 when none is).",
+            value=self.oldest_requested,
+        )
 
 
 class Metrics:

@@ -11,8 +11,11 @@ as `Hongbao.deposit` does.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from hongbao.domain.ids import require_user_id
 from hongbao.domain.withdrawals import (
+    StatusPage,
     Withdrawal,
     WithdrawalPosition,
     WithdrawalsPage,
@@ -30,6 +33,10 @@ from hongbao.ledger.schema import IDEMPOTENCY_KEY_LENGTH
 #: withdrawals per page of a user's list: by default, and at most
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+#: withdrawals per page of the list of one status across all users, at most
+MAX_STATUS_PAGE = 200
+#: the largest age `in_status` takes: ten years, seconds (older is before any ledger)
+MAX_OLDER_THAN = 315_360_000
 
 
 class Withdrawals:
@@ -97,19 +104,49 @@ class Withdrawals:
         """The user's withdrawals (of one `status`, or all), newest first, `limit` from
         after `after` (a page's `next_after`)."""
         require_user_id(user_id)
-        if status is not None:
-            try:
-                status = WithdrawalStatus(status)
-            except ValueError:
-                states = ", ".join(s.value for s in WithdrawalStatus)
-                raise InvalidRequest(f"status must be one of {states}", "status") from None
-        if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
-            raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_PAGE}", "limit")
-        chosen = status
+        chosen = None if status is None else _require_status(status)
+        _require_limit(limit, MAX_PAGE)
         return await self.ledger.read(
             lambda conn: ledger_withdrawals.of_user(
                 conn, user_id, status=chosen, after=after, limit=limit
             )
+        )
+
+    async def in_status(
+        self,
+        status: WithdrawalStatus | str = WithdrawalStatus.REQUESTED,
+        *,
+        older_than: int | None = None,
+        after: WithdrawalPosition | None = None,
+        limit: int = DEFAULT_PAGE,
+    ) -> StatusPage:
+        """Every user's withdrawals in `status`, oldest first, only those requested more
+        than `older_than` seconds ago if given, `limit` from after `after` (a page's
+        `next_after`). With the default status: the payouts still in flight, whose
+        outcome the payment system has not reported."""
+        chosen = _require_status(status)
+        if older_than is not None and (
+            type(older_than) is not int or not 0 <= older_than <= MAX_OLDER_THAN
+        ):
+            raise InvalidRequest(
+                f"older_than must be a whole number of seconds from 0 to {MAX_OLDER_THAN}",
+                "older_than",
+            )
+        _require_limit(limit, MAX_STATUS_PAGE)
+        before = None
+        if older_than is not None:
+            before = datetime.now(UTC) - timedelta(seconds=older_than)
+        return await self.ledger.read(
+            lambda conn: ledger_withdrawals.in_status(
+                conn, chosen, requested_before=before, after=after, limit=limit
+            )
+        )
+
+    async def oldest_requested(self) -> datetime | None:
+        """When the oldest withdrawal still in flight (requested) was requested; None
+        when there is none."""
+        return await self.ledger.read(
+            lambda conn: ledger_withdrawals.oldest(conn, WithdrawalStatus.REQUESTED)
         )
 
     async def totals(self) -> dict[WithdrawalStatus, tuple[int, int]]:
@@ -131,6 +168,20 @@ class Withdrawals:
         return await self.ledger.transaction(
             lambda conn: ledger_withdrawals.settle(conn, withdrawal_id, outcome, note, actor)
         )
+
+
+def _require_status(status: WithdrawalStatus | str) -> WithdrawalStatus:
+    """A withdrawal state, given as one or as its name; InvalidRequest naming the states."""
+    try:
+        return WithdrawalStatus(status)
+    except ValueError:
+        states = ", ".join(s.value for s in WithdrawalStatus)
+        raise InvalidRequest(f"status must be one of {states}", "status") from None
+
+
+def _require_limit(limit: object, most: int) -> None:
+    if type(limit) is not int or not 1 <= limit <= most:
+        raise InvalidRequest(f"limit must be a whole number from 1 to {most}", "limit")
 
 
 def _require_id(withdrawal_id: object) -> None:

@@ -558,6 +558,7 @@ async def test_health_ready_metrics_openapi(client: httpx.AsyncClient) -> None:
         "/v1/wallets/{user_id}/entries",
         "/v1/admin/statements/{date}",
         "/v1/wallets/{user_id}/withdrawals",
+        "/v1/withdrawals",
         "/v1/withdrawals/{withdrawal_id}",
         "/v1/withdrawals/{withdrawal_id}/complete",
         "/v1/withdrawals/{withdrawal_id}/fail",

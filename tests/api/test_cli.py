@@ -301,5 +301,5 @@ def test_migrate_creates_the_ledger(tmp_path: Path) -> None:
 def test_help_lists_the_commands() -> None:
     done = run_cli("--help")
     assert done.returncode == 0
-    for command in ("serve", "worker", "migrate", "token"):
+    for command in ("serve", "worker", "migrate", "token", "webhooks", "withdrawals"):
         assert command in done.stdout

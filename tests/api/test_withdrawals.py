@@ -290,6 +290,7 @@ async def test_a_wallets_withdrawals_a_page_at_a_time(client: httpx.AsyncClient)
         ("status=lost", "status"),
         ("limit=0", "limit"),
         ("limit=501", "limit"),
+        ("limit=" + "9" * 5000, "limit"),
         ("cursor=nonsense", "cursor"),
     ):
         r = await client.get(f"/v1/wallets/alice/withdrawals?{query}", headers=bearer("alice"))
@@ -303,7 +304,8 @@ async def test_metrics_count_withdrawals_by_outcome(client: httpx.AsyncClient) -
     await report(client, ids[2], "fail")
     await report(client, ids[2], "fail")  # a repeat counts once
     text = (await client.get("/metrics")).text
-    lines = {line for line in text.splitlines() if line.startswith("hongbao_withdrawals")}
+    counters = ("hongbao_withdrawals_total", "hongbao_withdrawals_fen_total")
+    lines = {line for line in text.splitlines() if line.startswith(counters)}
     assert lines == {
         'hongbao_withdrawals_total{outcome="requested"} 3.0',
         'hongbao_withdrawals_total{outcome="completed"} 1.0',

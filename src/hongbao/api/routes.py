@@ -472,7 +472,13 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isascii() or not raw.isdigit() or not low <= int(raw) <= high:
+    # more digits than `high` has is out of range, and may be more than int() converts
+    if (
+        not raw.isascii()
+        or not raw.isdigit()
+        or len(raw.lstrip("0")) > len(str(high))
+        or not low <= int(raw) <= high
+    ):
         raise InvalidRequest(f"{name} must be a whole number from {low} to {high}", name)
     return int(raw)
 

@@ -3,6 +3,8 @@
 - ``POST /v1/wallets/{user_id}/withdrawals`` (``Idempotency-Key`` required): the owner,
   a service acting for them (X-On-Behalf-Of) or an admin; debits the wallet at once;
 - ``GET /v1/wallets/{user_id}/withdrawals?status=&limit=&cursor=``: the same callers;
+- ``GET /v1/withdrawals?status=&older_than=&limit=&cursor=``: an admin; every user's
+  withdrawals in one status (default ``requested``: the payouts in flight), oldest first;
 - ``GET /v1/withdrawals/{withdrawal_id}``: its owner, a service or an admin;
 - ``POST /v1/withdrawals/{withdrawal_id}/complete`` and ``/fail``, with an optional
   ``{"note": ...}``: a service (its own token, not acting for a user) or an admin, as the
@@ -38,6 +40,7 @@ from hongbao.domain.withdrawals import (
     MAX_NOTE,
     MAX_WITHDRAWAL,
     WITHDRAWAL_ID_PATTERN,
+    StatusPage,
     Withdrawal,
     WithdrawalPosition,
     WithdrawalsPage,
@@ -45,11 +48,13 @@ from hongbao.domain.withdrawals import (
 )
 from hongbao.errors import Forbidden, InvalidRequest
 from hongbao.identity.principal import Principal
-from hongbao.withdrawals import DEFAULT_PAGE, MAX_PAGE
+from hongbao.withdrawals import DEFAULT_PAGE, MAX_OLDER_THAN, MAX_PAGE, MAX_STATUS_PAGE
 
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
-#: the tag of a list cursor (a cursor of another list is refused)
+#: the tags of the list cursors, a user's list and a status's (a cursor of another list
+#: is refused: the two run in opposite orders)
 _CURSOR_TAG = "w"
+_STATUS_CURSOR_TAG = "ws"
 
 
 class WithdrawalsApi:
@@ -64,6 +69,7 @@ class WithdrawalsApi:
             route_by_method(
                 "/v1/wallets/{user_id}/withdrawals", {"GET": self.of_user, "POST": self.request}
             ),
+            Route("/v1/withdrawals", self.in_status, methods=["GET"]),
             Route("/v1/withdrawals/{withdrawal_id}", self.get, methods=["GET"]),
             Route("/v1/withdrawals/{withdrawal_id}/complete", self.complete, methods=["POST"]),
             Route("/v1/withdrawals/{withdrawal_id}/fail", self.fail, methods=["POST"]),
@@ -113,6 +119,27 @@ class WithdrawalsApi:
         )
         return JSONResponse(withdrawals_json(page))
 
+    async def in_status(self, request: Request) -> Response:
+        """Every user's withdrawals in one status, oldest first (admin only): by default
+        the requested ones, whose outcome the payment system has not reported."""
+        caller = await self.api.caller(request)
+        if not caller.admin:
+            raise Forbidden("only an admin may list the withdrawals of every user")
+        params = request.query_params
+        status = params.get("status", WithdrawalStatus.REQUESTED.value)
+        older_than = None
+        if "older_than" in params:
+            older_than = query_int(request, "older_than", 0, 0, MAX_OLDER_THAN)
+        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_STATUS_PAGE)
+        cursor = params.get("cursor")
+        page = await self.api.service.withdrawals.in_status(
+            status,
+            older_than=older_than,
+            after=withdrawal_position(cursor, _STATUS_CURSOR_TAG) if cursor else None,
+            limit=limit,
+        )
+        return JSONResponse(status_page_json(page))
+
     async def get(self, request: Request) -> Response:
         caller = await self.api.caller(request)
         withdrawal = await self.api.service.withdrawals.get(request.path_params["withdrawal_id"])
@@ -149,23 +176,25 @@ class WithdrawalsApi:
 # -- cursors ----------------------------------------------------------------------------------
 
 
-def withdrawal_cursor(position: WithdrawalPosition) -> str:
-    return encode_cursor(_CURSOR_TAG, position.at_us, position.id)
+def withdrawal_cursor(position: WithdrawalPosition, tag: str = _CURSOR_TAG) -> str:
+    """The cursor of a position in the list `tag` names (default: a user's list)."""
+    return encode_cursor(tag, position.at_us, position.id)
 
 
-def withdrawal_position(cursor: str) -> WithdrawalPosition:
-    """The position a cursor names; InvalidRequest if `withdrawal_cursor` did not make it."""
-    tag, at, withdrawal_id = cursor_parts(cursor, 3)
+def withdrawal_position(cursor: str, tag: str = _CURSOR_TAG) -> WithdrawalPosition:
+    """The position a cursor names; InvalidRequest if `withdrawal_cursor` did not make it
+    for the list `tag` names."""
+    found, at, withdrawal_id = cursor_parts(cursor, 3)
     try:
         position = WithdrawalPosition(int(at), withdrawal_id)
     except ValueError:
         position = None
     if (
-        tag != _CURSOR_TAG
+        found != tag
         or position is None
         or position.at_us < 0
         or not WITHDRAWAL_ID_PATTERN.fullmatch(withdrawal_id)
-        or withdrawal_cursor(position) != cursor
+        or withdrawal_cursor(position, tag) != cursor
     ):
         raise InvalidRequest("cursor is not one this API returned", "cursor")
     return position
@@ -192,6 +221,15 @@ def withdrawals_json(page: WithdrawalsPage) -> dict[str, Any]:
         "user_id": page.user_id,
         "items": [withdrawal_json(w) for w in page.items],
         "next_cursor": None if after is None else withdrawal_cursor(after),
+    }
+
+
+def status_page_json(page: StatusPage) -> dict[str, Any]:
+    after = page.next_after
+    return {
+        "status": page.status.value,
+        "items": [withdrawal_json(w) for w in page.items],
+        "next_cursor": None if after is None else withdrawal_cursor(after, _STATUS_CURSOR_TAG),
     }
 
 
@@ -234,12 +272,23 @@ class WithdrawalsOut(BaseModel):
     next_cursor: str | None = Field(description="pass as `cursor` for the next page")
 
 
+class WithdrawalsInStatusOut(BaseModel):
+    status: Literal["requested", "completed", "failed"] = Field(
+        description="the state every withdrawal of the list is in"
+    )
+    items: list[WithdrawalOut] = Field(
+        description="one page, oldest first (by the time requested, then id)"
+    )
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page")
+
+
 #: the models the OpenAPI document describes these endpoints with
 MODELS: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
     (WithdrawalRequest, "validation"),
     (OutcomeRequest, "validation"),
     (WithdrawalOut, "serialization"),
     (WithdrawalsOut, "serialization"),
+    (WithdrawalsInStatusOut, "serialization"),
 ]
 #: the states a list may be narrowed to (?status=)
 STATES = [s.value for s in WithdrawalStatus]

@@ -15,6 +15,7 @@ from hongbao.cli.serve import serve, worker
 from hongbao.cli.statement import statement
 from hongbao.cli.tools import audit, dead_letters, migrate, recover, token
 from hongbao.cli.webhooks import app as webhooks_app
+from hongbao.cli.withdrawals import app as withdrawals_app
 from hongbao.console import fail
 
 app = typer.Typer(
@@ -33,6 +34,7 @@ app.command("dead-letters")(dead_letters)
 app.command()(token)
 app.command()(statement)
 app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(withdrawals_app, name="withdrawals")
 
 
 @app.command(

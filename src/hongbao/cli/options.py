@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 DEFAULT_DATA_DIR = Path("hongbao-data")
+#: what an age option takes: a whole number of days, hours or minutes
+AGE_MINUTES = {"d": 24 * 60, "h": 60, "m": 1}
+
+
+def age_between(value: str, least: timedelta, most: timedelta) -> timedelta:
+    """An age like ``30d``, ``12h`` or ``90m``, from `least` to `most`;
+    typer.BadParameter (a usage error, exit 2) saying what it takes otherwise."""
+    match = re.fullmatch(r"([0-9]{1,18})([dhm])", value.strip())
+    if match is None:
+        raise typer.BadParameter(f"{value!r} is not an age like 30d, 12h or 90m")
+    minutes = int(match[1]) * AGE_MINUTES[match[2]]
+    if not least.total_seconds() <= minutes * 60 <= most.total_seconds():
+        raise typer.BadParameter(f"{value!r} is not from {_shown(least)} to {_shown(most)}")
+    return timedelta(minutes=minutes)
+
+
+def _shown(age: timedelta) -> str:
+    """An age as `age_between` takes it, in its largest whole unit."""
+    minutes = int(age.total_seconds()) // 60
+    for unit, size in AGE_MINUTES.items():
+        if minutes % size == 0 and (minutes or unit == "m"):
+            return f"{minutes // size}{unit}"
+    raise AssertionError("unreachable: every age is a whole number of minutes")
 
 
 def data_dir_path(value: str | Path) -> Path:

@@ -16,14 +16,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, LogLevel
+from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, LogLevel, age_between
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 
 if TYPE_CHECKING:
@@ -44,8 +43,7 @@ app = typer.Typer(
 )
 
 
-#: what `prune --older-than` takes: a whole number of days, hours or minutes
-AGE_MINUTES = {"d": 24 * 60, "h": 60, "m": 1}
+#: what `prune --older-than` takes
 MIN_AGE = timedelta(hours=1)
 MAX_AGE = timedelta(days=3650)
 
@@ -53,13 +51,7 @@ MAX_AGE = timedelta(days=3650)
 def parse_age(value: str) -> timedelta:
     """An age like ``30d``, ``12h`` or ``90m``, from 1 hour to 3650 days: a younger cutoff
     would prune deliveries an operator may still be looking into."""
-    match = re.fullmatch(r"([0-9]{1,18})([dhm])", value.strip())
-    if match is None:
-        raise typer.BadParameter(f"{value!r} is not an age like 30d, 12h or 90m")
-    minutes = int(match[1]) * AGE_MINUTES[match[2]]
-    if not MIN_AGE.total_seconds() <= minutes * 60 <= MAX_AGE.total_seconds():
-        raise typer.BadParameter(f"{value!r} is not from 1h to 3650d")
-    return timedelta(minutes=minutes)
+    return age_between(value, MIN_AGE, MAX_AGE)
 
 
 def _run(

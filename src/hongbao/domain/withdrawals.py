@@ -50,7 +50,8 @@ class Withdrawal:
 
 @dataclass(frozen=True, slots=True)
 class WithdrawalPosition:
-    """A withdrawal's place in a user's list, newest first: its time, then its id."""
+    """A withdrawal's place in a list ordered by its time, then its id (a user's list
+    newest first, the list of one status oldest first)."""
 
     at_us: int
     id: str
@@ -59,6 +60,17 @@ class WithdrawalPosition:
 @dataclass(frozen=True, slots=True)
 class WithdrawalsPage:
     user_id: str
+    items: list[Withdrawal]
+    #: where the next page starts; None on the last page
+    next_after: WithdrawalPosition | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusPage:
+    """One page of the withdrawals in one status across all users, oldest first: for
+    an operator looking for payouts the payment system never reported."""
+
+    status: WithdrawalStatus
     items: list[Withdrawal]
     #: where the next page starts; None on the last page
     next_after: WithdrawalPosition | None = None

@@ -222,8 +222,10 @@ withdrawals = sa.Table(
         "status IN ('requested', 'completed', 'failed')", name="ck_withdrawal_status"
     ),
     sa.UniqueConstraint("user_id", "idempotency_key", name="uq_withdrawal_idempotency"),
-    #: the withdrawals in flight (the audit's sum), and a user's newest first
-    sa.Index("ix_withdrawals_status", "status"),
+    #: the withdrawals of a status oldest first (those in flight for an operator), the
+    #: audit's sum per status
+    sa.Index("ix_withdrawals_status_time", "status", "created_at", "id"),
+    #: a user's newest first
     sa.Index("ix_withdrawals_user_time", "user_id", "created_at"),
 )
 

@@ -11,12 +11,14 @@ concurrent reports exactly one changes anything.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.domain.withdrawals import (
+    StatusPage,
     Withdrawal,
     WithdrawalPosition,
     WithdrawalsPage,
@@ -220,6 +222,42 @@ async def of_user(
         last = items[-1]
         next_after = WithdrawalPosition(micros(to_db(last.created_at)), last.id)
     return WithdrawalsPage(user_id, items, next_after)
+
+
+async def in_status(
+    conn: AsyncConnection,
+    status: WithdrawalStatus,
+    *,
+    requested_before: datetime | None = None,
+    after: WithdrawalPosition | None = None,
+    limit: int,
+) -> StatusPage:
+    """Every user's withdrawals in `status`, oldest first (by the time requested, then
+    id), only those requested before `requested_before` if given, `limit` from after
+    `after` (a page's `next_after`). An index range of `ix_withdrawals_status_time`."""
+    created = withdrawals.c.created_at
+    query = _select(withdrawals.c.status == status.value)
+    if requested_before is not None:
+        query = query.where(created < to_db(requested_before))
+    if after is not None:
+        at = from_micros(after.at_us)
+        query = query.where(created >= at, sa.or_(created > at, withdrawals.c.id > after.id))
+    query = query.order_by(created.asc(), withdrawals.c.id.asc())
+    rows = (await conn.execute(query.limit(limit + 1))).all()
+    items = [_from_row(r) for r in rows[:limit]]
+    next_after = None
+    if len(rows) > limit:
+        last = items[-1]
+        next_after = WithdrawalPosition(micros(to_db(last.created_at)), last.id)
+    return StatusPage(status, items, next_after)
+
+
+async def oldest(conn: AsyncConnection, status: WithdrawalStatus) -> datetime | None:
+    """When the oldest withdrawal in `status` was requested (None: there is none)."""
+    found = await conn.scalar(
+        sa.select(sa.func.min(withdrawals.c.created_at)).where(withdrawals.c.status == status.value)
+    )
+    return None if found is None else from_db(found)
 
 
 async def totals(conn: AsyncConnection) -> dict[str, tuple[int, int]]:
