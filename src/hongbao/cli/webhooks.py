@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
+from hongbao.cli.ledger_work import on_ledger
 from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, LogLevel, age_between
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 
@@ -57,20 +58,9 @@ def parse_age(value: str) -> timedelta:
 def _run(
     database_url: str | None, data_dir: Path, work: Callable[[WebhookStore], Awaitable[T]]
 ) -> T:
-    from hongbao.ledger import SqlLedger
     from hongbao.ledger.webhook_store import WebhookStore
-    from hongbao.serving.embedded import ledger_url
 
-    async def run() -> T:
-        ledger = SqlLedger.from_url(database_url or ledger_url(data_dir))
-        try:
-            return await work(WebhookStore(ledger))
-        finally:
-            await ledger.aclose()
-
-    with friendly_errors():
-        return run_async(run())
-    raise AssertionError("unreachable")
+    return on_ledger(database_url, data_dir, lambda ledger: work(WebhookStore(ledger)))
 
 
 @app.command("list")

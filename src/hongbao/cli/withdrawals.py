@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
+from hongbao.cli.ledger_work import on_ledger
 from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, age_between
-from hongbao.console import friendly_errors, run_async
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -72,20 +72,9 @@ def pending_line(w: Withdrawal, now: datetime) -> str:
 def _run(
     database_url: str | None, data_dir: Path, work: Callable[[Withdrawals], Awaitable[T]]
 ) -> T:
-    from hongbao.ledger import SqlLedger
-    from hongbao.serving.embedded import ledger_url
     from hongbao.withdrawals import Withdrawals
 
-    async def run() -> T:
-        ledger = SqlLedger.from_url(database_url or ledger_url(data_dir))
-        try:
-            return await work(Withdrawals(ledger))
-        finally:
-            await ledger.aclose()
-
-    with friendly_errors():
-        return run_async(run())
-    raise AssertionError("unreachable")
+    return on_ledger(database_url, data_dir, lambda ledger: work(Withdrawals(ledger)))
 
 
 @app.command("pending")

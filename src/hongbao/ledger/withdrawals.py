@@ -215,12 +215,7 @@ async def of_user(
         created = withdrawals.c.created_at
         query = query.where(created <= at, sa.or_(created < at, withdrawals.c.id < after.id))
     query = query.order_by(withdrawals.c.created_at.desc(), withdrawals.c.id.desc())
-    rows = (await conn.execute(query.limit(limit + 1))).all()
-    items = [_from_row(r) for r in rows[:limit]]
-    next_after = None
-    if len(rows) > limit:
-        last = items[-1]
-        next_after = WithdrawalPosition(micros(to_db(last.created_at)), last.id)
+    items, next_after = await _page(conn, query, limit)
     return WithdrawalsPage(user_id, items, next_after)
 
 
@@ -243,13 +238,21 @@ async def in_status(
         at = from_micros(after.at_us)
         query = query.where(created >= at, sa.or_(created > at, withdrawals.c.id > after.id))
     query = query.order_by(created.asc(), withdrawals.c.id.asc())
+    items, next_after = await _page(conn, query, limit)
+    return StatusPage(status, items, next_after)
+
+
+async def _page(
+    conn: AsyncConnection, query: sa.Select[Any], limit: int
+) -> tuple[list[Withdrawal], WithdrawalPosition | None]:
+    """Up to `limit` withdrawals of an ordered `query`, and the position after the last
+    one when more follow (None: this is the last page)."""
     rows = (await conn.execute(query.limit(limit + 1))).all()
     items = [_from_row(r) for r in rows[:limit]]
-    next_after = None
-    if len(rows) > limit:
-        last = items[-1]
-        next_after = WithdrawalPosition(micros(to_db(last.created_at)), last.id)
-    return StatusPage(status, items, next_after)
+    if len(rows) <= limit:
+        return items, None
+    last = items[-1]
+    return items, WithdrawalPosition(micros(to_db(last.created_at)), last.id)
 
 
 async def oldest(conn: AsyncConnection, status: WithdrawalStatus) -> datetime | None:
