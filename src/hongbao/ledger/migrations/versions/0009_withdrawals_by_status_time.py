@@ -8,7 +8,7 @@ index starts with status, so it serves whatever the old one did, which it replac
 
 Revision ID: 0009
 Revises: 0008
-Create Date: 2026-11-27
+Create Date: 2026-11-26
 """
 
 from alembic import op
