@@ -16,7 +16,7 @@ permission (403), then the body (413, 415, 422).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -26,22 +26,9 @@ from starlette.routing import Route
 from hongbao.api.routes import Api, read_json, route_by_method
 from hongbao.api.schemas import iso
 from hongbao.errors import Forbidden
-from hongbao.ledger.outbox import EVENT_TYPES
+from hongbao.ledger.outbox import EVENT_TYPES, EventType
 from hongbao.ledger.webhook_records import EndpointRecord
 from hongbao.webhooks.endpoints import MAX_URL
-
-EventType = Literal[
-    "packet.created",
-    "claim.settled",
-    "packet.exhausted",
-    "packet.expired",
-    "packet.cancelled",
-    "wallet.deposited",
-    "withdrawal.requested",
-    "withdrawal.completed",
-    "withdrawal.failed",
-]
-assert set(get_args(EventType)) == set(EVENT_TYPES)
 
 
 class WebhookRequest(BaseModel):

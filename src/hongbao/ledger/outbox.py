@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -24,7 +24,8 @@ from hongbao.domain.models import seq_of
 from hongbao.ledger.records import ClaimEvent, PacketRecord, RefundEvent, utcnow
 from hongbao.ledger.schema import events, webhook_deliveries, webhook_endpoints
 
-EVENT_TYPES = (
+#: the event types an endpoint may receive (the API's schema enumerates them too)
+EventType = Literal[
     "packet.created",
     "claim.settled",
     "packet.exhausted",
@@ -34,7 +35,8 @@ EVENT_TYPES = (
     "withdrawal.requested",
     "withdrawal.completed",
     "withdrawal.failed",
-)
+]
+EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
