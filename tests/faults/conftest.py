@@ -36,6 +36,7 @@ import httpx
 import pytest
 import redis
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import claims, entries, packets, wallets
@@ -515,6 +516,25 @@ class Outcome:
         )
 
 
+async def ledger_claims(conn: AsyncConnection) -> list[tuple[str, str, int, int]]:
+    """The ledger's claims: (packet, user, seq, amount)."""
+    rows = await conn.execute(
+        sa.select(claims.c.packet_id, claims.c.user_id, claims.c.share_idx, claims.c.amount)
+    )
+    return [(p, u, int(i) + 1, int(a)) for p, u, i, a in rows]
+
+
+def kill_worker_repeatedly(stack: Stack, times: int, every: float) -> None:
+    """SIGKILL the worker `times` times, `every` seconds apart, starting it again 0.3 s
+    after each kill."""
+    assert stack.worker is not None
+    for _ in range(times):
+        time.sleep(every)
+        stack.worker.kill9()
+        time.sleep(0.3)
+        stack.start_worker()
+
+
 def measure(stack: Stack, fault: str, result: LoadResult) -> Outcome:
     """Compare the acknowledged grabs with the ledger; money conservation from SQL."""
 
@@ -522,12 +542,7 @@ def measure(stack: Stack, fault: str, result: LoadResult) -> Outcome:
         ledger = SqlLedger.from_url(stack.database_url)
         try:
             async with ledger.engine.connect() as conn:
-                rows = await conn.execute(
-                    sa.select(
-                        claims.c.packet_id, claims.c.user_id, claims.c.share_idx, claims.c.amount
-                    )
-                )
-                found = {(p, u): (int(i) + 1, int(a)) for p, u, i, a in rows}
+                found = {(p, u): (seq, a) for p, u, seq, a in await ledger_claims(conn)}
                 wallet_sum = int(await conn.scalar(sa.select(sa.func.sum(wallets.c.balance))) or 0)
                 deposits = int(
                     await conn.scalar(

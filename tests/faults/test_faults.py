@@ -25,6 +25,7 @@ from tests.faults.conftest import (
     PgCluster,
     Stack,
     audit_clean,
+    kill_worker_repeatedly,
     measure,
     setup_packets,
 )
@@ -48,12 +49,7 @@ def test_persister_killed_mid_batch(make_stack: Any) -> None:
     stack: Stack = make_stack()
     ids = setup_packets(stack.urls[0], 4, 250)
     load = Load(stack.urls, ids, users(300), rate=500).start()
-    assert stack.worker is not None
-    for _ in range(4):
-        time.sleep(0.5)
-        stack.worker.kill9()
-        time.sleep(0.3)
-        stack.start_worker()
+    kill_worker_repeatedly(stack, 4, every=0.5)
     result = load.wait()
     stack.wait_drained()
     outcome = measure(stack, "1. persister kill -9 (x4) mid-batch", result)

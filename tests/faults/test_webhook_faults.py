@@ -13,8 +13,16 @@ import httpx
 import sqlalchemy as sa
 
 from hongbao.ledger import SqlLedger
-from hongbao.ledger.schema import claims, packets
-from tests.faults.conftest import Load, PgCluster, Stack, setup_packets, tokens
+from hongbao.ledger.schema import packets
+from tests.faults.conftest import (
+    Load,
+    PgCluster,
+    Stack,
+    kill_worker_repeatedly,
+    ledger_claims,
+    setup_packets,
+    tokens,
+)
 from tests.webhook_receiver import Receiver
 
 #: quick retries and a short lease (3 timeouts + 5 s), so a test waits seconds, not hours
@@ -49,12 +57,7 @@ def ledger_state(stack: Stack) -> tuple[set[tuple[str, str, int, int]], set[str]
         ledger = SqlLedger.from_url(stack.database_url)
         try:
             async with ledger.engine.connect() as conn:
-                rows = await conn.execute(
-                    sa.select(
-                        claims.c.packet_id, claims.c.user_id, claims.c.share_idx, claims.c.amount
-                    )
-                )
-                found = {(p, u, int(i) + 1, int(a)) for p, u, i, a in rows}
+                found = set(await ledger_claims(conn))
                 done = set(
                     await conn.scalars(
                         sa.select(packets.c.id).where(packets.c.status == "exhausted")
@@ -118,12 +121,7 @@ def test_dispatcher_killed_mid_delivery(make_stack: Any, receiver: Receiver) -> 
     register(stack, receiver)
     ids = setup_packets(stack.urls[0], 4, 250)
     load = Load(stack.urls, ids, users(300), rate=500).start()
-    assert stack.worker is not None
-    for _ in range(3):
-        time.sleep(1.0)
-        stack.worker.kill9()
-        time.sleep(0.3)
-        stack.start_worker()
+    kill_worker_repeatedly(stack, 3, every=1.0)
     load.wait()
     everything_arrives(stack, receiver, "dispatcher kill -9 (x3)")
 
