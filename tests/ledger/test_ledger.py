@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from hongbao.domain.ids import new_packet_id
 from hongbao.errors import IdempotencyConflict, InsufficientBalance, StorageError
 from hongbao.ledger import SqlLedger
-from hongbao.ledger.schema import wallets
+from hongbao.ledger.records import to_db
+from hongbao.ledger.schema import claims, wallets
 from hongbao.ledger.sql import ClaimEvent, PacketRecord, RefundEvent, database_url
 
 
@@ -133,6 +134,27 @@ async def test_audit_names_a_broken_wallet(ledger: SqlLedger) -> None:
     problems = await ledger.audit()
     assert any("wallet alice" in p for p in problems)
     assert any(p.startswith("money:") for p in problems)
+
+
+async def test_audit_names_claims_off_their_share(ledger: SqlLedger) -> None:
+    """No foreign key holds a claim to its share; the audit checks what it would have."""
+    await ledger.deposit("s", 300, "r")
+    packet, _ = await ledger.create_packet(record("s", 300, 2), [100, 200], None)
+    at = datetime.now(UTC)
+    assert await ledger.apply([ClaimEvent(packet.id, 0, "u0", 100, at)]) == [None]
+    assert await ledger.audit() == []
+    async with ledger.engine.begin() as conn:
+        await conn.execute(
+            claims.insert(),
+            [
+                {"packet_id": packet.id, "share_idx": i, "user_id": f"u{i}", "amount": amount}
+                | {"claimed_at": to_db(at)}
+                for i, amount in ((7, 1), (1, 150))
+            ],
+        )
+    problems = await ledger.audit()
+    assert f"packet {packet.id}: claim of share 7 which it does not have" in problems
+    assert f"packet {packet.id}: claim of share 1 is 150 fen, the share 200" in problems
 
 
 async def test_a_pool_with_no_connection_free_is_a_storage_error(sql_url: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from hongbao.ledger.schema import claims, entries, packets, wallets
+from hongbao.ledger.schema import claims, entries, packets, shares, wallets
 from hongbao.ledger.withdrawals import audit_withdrawals
 
 
@@ -14,6 +14,7 @@ async def audit_ledger(conn: AsyncConnection) -> list[str]:
     """Every returned line names a violated invariant and the packet or wallet."""
     problems, held = await _packets(conn)
     problems.extend(await _claimed_twice(conn))
+    problems.extend(await _claims_off_their_share(conn))
     problems.extend(await _wallets(conn))
     withdrawal_problems, in_flight, withdrawn = await audit_withdrawals(conn)
     problems.extend(withdrawal_problems)
@@ -91,6 +92,28 @@ async def _claimed_twice(conn: AsyncConnection) -> list[str]:
         )
         out.extend(f"packet {p}: {what} {v} claimed {n} times" for p, v, n in rows)
     return out
+
+
+async def _claims_off_their_share(conn: AsyncConnection) -> list[str]:
+    """Claims of a share the packet does not have, or of another amount than the share.
+    The persister refuses both; no foreign key holds claims to shares (revision 0010)."""
+    rows = await conn.execute(
+        sa.select(claims.c.packet_id, claims.c.share_idx, claims.c.amount, shares.c.amount)
+        .select_from(
+            claims.outerjoin(
+                shares,
+                sa.and_(
+                    shares.c.packet_id == claims.c.packet_id, shares.c.idx == claims.c.share_idx
+                ),
+            )
+        )
+        .where(shares.c.amount.is_distinct_from(claims.c.amount))
+    )
+    return [
+        f"packet {p}: claim of share {i} "
+        + ("which it does not have" if share is None else f"is {a} fen, the share {share}")
+        for p, i, a, share in rows
+    ]
 
 
 async def _wallets(conn: AsyncConnection) -> list[str]:

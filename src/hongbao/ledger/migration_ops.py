@@ -10,20 +10,31 @@ def replace_check(table: str, name: str, old: str, new: str) -> None:
 
     PostgreSQL and MySQL/MariaDB drop and create it. SQLite cannot alter a constraint,
     and rebuilding a table would break the foreign keys of the tables that refer to it;
-    when the new constraint only allows more, its text is rewritten in the schema, the
-    procedure SQLite's documentation gives for loosening a CHECK constraint (ALTER
-    TABLE, "Making Other Kinds Of Table Schema Changes").
+    when the new constraint only allows more, its text is rewritten in the schema
+    (`rewrite_sqlite_table`).
     """
     bind = op.get_bind()
     if bind.dialect.name != "sqlite":
         op.drop_constraint(name, table, type_="check")
         op.create_check_constraint(name, table, new)
         return
+    rewrite_sqlite_table(table, old, new)
+
+
+def rewrite_sqlite_table(table: str, old: str, new: str) -> None:
+    """Replace the text `old` by `new` in the CREATE TABLE statement SQLite keeps for
+    `table`, without rebuilding the table.
+
+    Only for changes that leave the stored rows valid as they are: removing or loosening
+    a CHECK or FOREIGN KEY constraint (SQLite's documentation, ALTER TABLE, "Making Other
+    Kinds Of Table Schema Changes"), or putting one back that the rows are known to meet.
+    """
+    bind = op.get_bind()
     table_sql = bind.exec_driver_sql(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
     ).scalar_one()
     if old not in table_sql:
-        raise RuntimeError(f"{table} has no CHECK ({old}) to replace: {table_sql}")
+        raise RuntimeError(f"{table} has no {old!r} to replace: {table_sql}")
     version = bind.exec_driver_sql("PRAGMA schema_version").scalar_one()
     bind.exec_driver_sql("PRAGMA writable_schema = ON")
     try:

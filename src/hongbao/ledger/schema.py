@@ -72,7 +72,15 @@ entries = sa.Table(
         "kind IN ('deposit', 'send', 'claim', 'refund', 'withdrawal', 'reversal')",
         name="ck_entry_kind",
     ),
-    sa.Index("uq_entry_deposit_key", "user_id", "deposit_key", unique=True),
+    #: partial where the database has them: the entries of other kinds add nothing to it
+    sa.Index(
+        "uq_entry_deposit_key",
+        "user_id",
+        "deposit_key",
+        unique=True,
+        postgresql_where=sa.text("deposit_key IS NOT NULL"),
+        sqlite_where=sa.text("deposit_key IS NOT NULL"),
+    ),
     #: a wallet's entries newest first, and (covering) the sum of those after one
     sa.Index("ix_entries_user_id", "user_id", "id", "amount"),
     sa.Index("ix_entries_created", "created_at"),
@@ -134,9 +142,9 @@ claims = sa.Table(
     sa.Column("user_id", UserId, nullable=False),
     sa.Column("amount", sa.BigInteger, nullable=False),
     sa.Column("claimed_at", Timestamp, nullable=False),
-    sa.ForeignKeyConstraint(
-        ["packet_id", "share_idx"], ["hb_shares.packet_id", "hb_shares.idx"], name="fk_claim_share"
-    ),
+    # no foreign key to the share: the persister looks each share up under its packet's
+    # lock before the claim is written, and `hongbao audit` checks every claim against
+    # its share (revision 0010: PostgreSQL's check was a trigger per row)
     sa.UniqueConstraint("packet_id", "user_id", name="uq_claim_packet_user"),
     sa.UniqueConstraint("packet_id", "share_idx", name="uq_claim_packet_share"),
     #: the packets a user grabbed, newest first, and (covering) a year's count and sum
