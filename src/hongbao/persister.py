@@ -1,10 +1,13 @@
 """The persister: bucket event streams -> SQL ledger, in batches.
 
-It reads with a consumer group, applies a batch in one SQL transaction, and
-acknowledges only after the commit. A replay is harmless (unique claims, unique
-ledger references). Entries of a consumer that died are reclaimed after an idle
-timeout; an entry that can never be applied is moved, with its reason, to the
-bucket's dead-letter stream.
+It reads with a consumer group, applies a batch in SQL transactions, and acknowledges
+only after the commits. The batch's packets are divided among `Settings.persister_lanes`
+transactions that run at once, each on packets of its own, so that one packet's events
+apply in stream order and no two lanes wait for each other's packets (their wallets
+they lock in user order); SQLite, which has one writer, runs one. A replay is harmless
+(unique claims, unique ledger references). Entries of a consumer that died are
+reclaimed after an idle timeout; an entry that can never be applied is moved, with its
+reason, to the bucket's dead-letter stream.
 
 A persister that starts takes over at once what its previous run left pending (the
 same consumer name: `Settings.persister_consumer`, or the embedded server's fixed one)
@@ -20,7 +23,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,6 +55,23 @@ def gone_from_this_host(consumer: str) -> bool:
     except (PermissionError, OverflowError):
         return False
     return False
+
+
+def lanes(events: Sequence[LedgerEvent], count: int) -> list[list[int]]:
+    """The events' positions divided into at most `count` lanes, each packet's events in
+    one lane, in stream order; the packets with most events first, each to the lane
+    with fewest events so far."""
+    per_packet = Counter(ev.packet_id for ev in events)
+    load = [0] * min(count, len(per_packet))
+    lane_of: dict[str, int] = {}
+    for packet_id, n in per_packet.most_common():
+        lane = load.index(min(load))
+        lane_of[packet_id] = lane
+        load[lane] += n
+    out: list[list[int]] = [[] for _ in load]
+    for pos, ev in enumerate(events):
+        out[lane_of[ev.packet_id]].append(pos)
+    return out
 
 
 def parse_event(event: Event) -> list[LedgerEvent]:
@@ -106,6 +126,7 @@ class Persister:
         self.settings = settings
         self.consumer = consumer or settings.persister_consumer or default_consumer_name()
         self.stats = PersisterStats()
+        self.lanes = 1 if ledger.dialect == "sqlite" else settings.persister_lanes
         self.healthy = True
         self._loop_turns = 0
 
@@ -184,12 +205,28 @@ class Persister:
         return len(events)
 
     async def _apply_in_slices(self, events: list[LedgerEvent]) -> list[str | None]:
-        """A grant entry holds up to a coalesced batch of claims: keep transactions bounded."""
+        """The events in `self.lanes` lanes at once (`lanes`), each lane's in slices of
+        at most a batch: a grant entry holds up to a coalesced batch of claims, and
+        transactions stay bounded. Waits for every lane before it raises."""
         size = self.settings.persister_batch
-        outcomes: list[str | None] = []
-        for start in range(0, len(events), size):
-            outcomes += await self._apply(events[start : start + size])
-        return outcomes
+
+        async def lane(part: list[LedgerEvent]) -> list[str | None]:
+            outcomes: list[str | None] = []
+            for start in range(0, len(part), size):
+                outcomes += await self._apply(part[start : start + size])
+            return outcomes
+
+        positions = lanes(events, self.lanes)
+        done = await asyncio.gather(
+            *(lane([events[p] for p in part]) for part in positions), return_exceptions=True
+        )
+        outcome: list[str | None] = [None] * len(events)
+        for part, result in zip(positions, done, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            for pos, reason in zip(part, result, strict=True):
+                outcome[pos] = reason
+        return outcome
 
     async def _apply(self, events: list[LedgerEvent]) -> list[str | None]:
         """The batch in one transaction; if it fails for a non-storage reason, one by one."""

@@ -95,6 +95,9 @@ class Settings:
     retention_seconds: int = field(default=86_400, metadata=between(0, 31_536_000))
     #: persister: entries per read and per SQL transaction
     persister_batch: int = field(default=1_000, metadata=between(1, 100_000))
+    #: persister: transactions it applies at once, each on packets of its own (SQLite,
+    #: which has one writer, always applies one)
+    persister_lanes: int = field(default=2, metadata=between(1, 16))
     #: persister: how long one read blocks waiting for new events, ms (0 would block
     #: forever; a read must end well within the Redis socket timeout of 5 s)
     persister_block_ms: int = field(default=200, metadata=between(1, 4_000))

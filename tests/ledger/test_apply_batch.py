@@ -77,6 +77,41 @@ async def test_conflicts_inside_one_batch_go_to_the_first_event(ledger: SqlLedge
     assert await ledger.audit() == []
 
 
+@pytest.mark.parametrize("before", ["replay", "share taken", "user served"])
+async def test_a_claim_the_ledger_has_refuses_the_unchecked_insert_and_the_rest_applies(
+    ledger: SqlLedger, before: str
+) -> None:
+    """A batch of claims that conflict with none of each other and name their shares
+    right is inserted without a lookup; one claim that is not new makes the unique keys
+    refuse that insert, and then the batch is judged claim by claim, in the same
+    transaction, as if it had been looked up first."""
+    pid = await packet(ledger, [10, 20, 30, 40])
+    assert await ledger.apply([ClaimEvent(pid, 1, "x", 20, AT)]) == [None]
+    claim = {
+        "replay": ClaimEvent(pid, 1, "x", 20, AT),
+        "share taken": ClaimEvent(pid, 1, "y", 20, AT),
+        "user served": ClaimEvent(pid, 3, "x", 40, AT),
+    }[before]
+    outcome = await ledger.apply(
+        [ClaimEvent(pid, 0, "a", 10, AT), claim, ClaimEvent(pid, 2, "c", 30, AT)]
+    )
+    assert outcome == [
+        None,
+        {
+            "replay": None,
+            "share taken": f"share 1 of {pid} was claimed by x",
+            "user served": f"x already claimed share 1 of {pid}",
+        }[before],
+        None,
+    ]
+    claimed = {(c.user_id, c.share_idx) for c in await ledger.claims_of(pid)}
+    assert claimed == {("x", 1), ("a", 0), ("c", 2)}
+    assert [await ledger.balance(u) for u in ("a", "x", "c", "y")] == [10, 20, 30, 0]
+    after = await ledger.get_packet(pid)
+    assert after is not None and (after.claimed_count, after.claimed_amount) == (3, 60)
+    assert await ledger.audit() == []
+
+
 async def test_credits_add_up_per_user_and_counters_per_packet(ledger: SqlLedger) -> None:
     first = await packet(ledger, [5, 6, 7])
     second = await packet(ledger, [11, 12])

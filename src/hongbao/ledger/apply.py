@@ -5,6 +5,12 @@ lock the batch's packets, look up its shares and the claims already on them, the
 the new claims and ledger entries, credit the wallets and update the packets. Each event
 is judged in Python, in batch order, between the lookup and the writes.
 
+The usual batch, in which every claim is new, needs no lookup of the claims: if its
+claims conflict with none of each other and name shares of the amounts they claim, they
+are inserted in a savepoint, and the ledger's unique keys refuse the batch if any claim
+is not new (a replay after a crash, or a claim Redis should never have granted). Then,
+and only then, the savepoint is undone and the batch looked up and judged claim by claim.
+
 Lock order, so that persisters sharing buckets cannot deadlock: packets in id order
 (FOR UPDATE on PostgreSQL and MariaDB; SQLite locks the whole database), then wallets
 in user order. Claims and entries need no lock of their own: their unique keys belong
@@ -62,12 +68,16 @@ class ApplyBatch:
                 outcome[pos] = f"packet {ev.packet_id} is not in the ledger"
             elif isinstance(ev, ClaimEvent):
                 claims_in.append((pos, ev))
-        new = await self._check_claims(claims_in, outcome)
+        now = utcnow()
+        new = await self._insert_unchecked(claims_in, now)
+        if new is None:
+            new = await self._check_claims(claims_in, outcome)
+            await self._insert_claims(new, now)
         changes = _Changes(found, new)
         for pos, ev in enumerate(events):
             if isinstance(ev, RefundEvent) and outcome[pos] is None:
                 outcome[pos] = changes.refund(ev)
-        await self._write(new, changes)
+        await self._write(new, changes, now)
         await record_made_events(self.conn, lambda types: changes.events(new, types))
         return outcome
 
@@ -82,6 +92,28 @@ class ApplyBatch:
             )
             found.update((r.id, packet_from_row(r)) for r in await self.conn.execute(query))
         return found
+
+    async def _insert_unchecked(
+        self, claims_in: list[tuple[int, ClaimEvent]], now: datetime
+    ) -> list[ClaimEvent] | None:
+        """The usual batch, in which every claim is new, without the lookup: if no two
+        claims conflict, and each names a share of the amount it claims, all are
+        inserted at once, in a savepoint. A unique key of the ledger refusing one (a
+        replay, or a share or user claimed before) undoes that, and returns None, as
+        does a conflict or a share that differs: then `_check_claims` judges each."""
+        distinct = _without_conflicts(claims_in)
+        if not distinct:
+            return None if claims_in else []
+        columns = _claim_columns(distinct)
+        packet_ids, share_idxs, _, amounts, *_ = columns
+        if await self.bulk.shares_differ((packet_ids, share_idxs, amounts)):
+            return None
+        try:
+            async with self.conn.begin_nested():
+                await self.bulk.insert_claims(columns, now)
+        except sa.exc.IntegrityError:
+            return None
+        return distinct
 
     async def _check_claims(
         self, claims_in: list[tuple[int, ClaimEvent]], outcome: list[str | None]
@@ -123,19 +155,12 @@ class ApplyBatch:
                 accepted.append(ev)
         return accepted
 
-    async def _write(self, new: list[ClaimEvent], changes: _Changes) -> None:
-        now = utcnow()
-        # in key order: index insertions land next to each other, and in one order
-        new = sorted(new, key=_share_key)
-        users = [e.user_id for e in new]
-        amounts = [e.amount for e in new]
+    async def _insert_claims(self, new: list[ClaimEvent], now: datetime) -> None:
         if new:
-            pids = [e.packet_id for e in new]
-            idxs = [e.share_idx for e in new]
-            at = [to_db(e.claimed_at) for e in new]
-            refs = list(map(claim_reference, pids, idxs))
-            actors = [e.actor for e in new]
-            await self.bulk.insert_claims((pids, idxs, users, amounts, at, refs, actors), now)
+            await self.bulk.insert_claims(_claim_columns(new), now)
+
+    async def _write(self, new: list[ClaimEvent], changes: _Changes, now: datetime) -> None:
+        """What follows the claims: the refunds' entries, the wallets, the packets."""
         refunds = changes.refunds
         if refunds:
             n = len(refunds)
@@ -151,8 +176,8 @@ class ApplyBatch:
                 )
             )
         credits: dict[str, int] = {}
-        for user, amount in zip(users, amounts, strict=True):
-            credits[user] = credits.get(user, 0) + amount
+        for ev in new:
+            credits[ev.user_id] = credits.get(ev.user_id, 0) + ev.amount
         for r in refunds:
             credits[r.sender_id] = credits.get(r.sender_id, 0) + r.amount
         if credits:
@@ -164,6 +189,38 @@ class ApplyBatch:
 
 def _share_key(ev: ClaimEvent) -> tuple[str, int]:
     return ev.packet_id, ev.share_idx
+
+
+def _claim_columns(new: Sequence[ClaimEvent]) -> Columns:
+    """CLAIMED_COLUMNS of the claims, in key order: index insertions land next to each
+    other, and every batch inserts in one order."""
+    new = sorted(new, key=_share_key)
+    pids = [e.packet_id for e in new]
+    idxs = [e.share_idx for e in new]
+    return (
+        pids,
+        idxs,
+        [e.user_id for e in new],
+        [e.amount for e in new],
+        [to_db(e.claimed_at) for e in new],
+        list(map(claim_reference, pids, idxs)),
+        [e.actor for e in new],
+    )
+
+
+def _without_conflicts(claims_in: list[tuple[int, ClaimEvent]]) -> list[ClaimEvent] | None:
+    """The claims in batch order without their repeats (the same user and share again:
+    a replay, with no outcome of its own), if no two of the rest claim one share or are
+    one user's in one packet; None if some do (then the batch's order decides which
+    applies, see `_check_claims`)."""
+    first: dict[tuple[str, int, str], ClaimEvent] = {}
+    for _, ev in claims_in:
+        first.setdefault((ev.packet_id, ev.share_idx, ev.user_id), ev)
+    shares_taken = {(pid, idx) for pid, idx, _ in first}
+    users_in = {(pid, user) for pid, _, user in first}
+    if len(shares_taken) != len(first) or len(users_in) != len(first):
+        return None
+    return list(first.values())
 
 
 def _claim_refusal(

@@ -52,6 +52,8 @@ PACKET_CHANGE_COLUMNS = (
 )
 #: a claim event's packet_id, share_idx, user_id and amount
 LOOKUP_COLUMNS = ("packet_id", "share_idx", "user_id", "amount")
+#: a claim event's packet_id, share_idx and amount
+SHARE_COLUMNS = ("packet_id", "share_idx", "amount")
 
 
 class Bulk(Protocol):
@@ -61,6 +63,11 @@ class Bulk(Protocol):
         """The ledger's state of the claims in `keys` (LOOKUP_COLUMNS) that are not plainly
         new: the share is missing or of another amount, or the share or the user has a
         claim already. Any other key names a free share of the amount claimed."""
+        ...
+
+    async def shares_differ(self, keys: Columns) -> bool:
+        """Whether some claim in `keys` (SHARE_COLUMNS) names a share that is missing or
+        of another amount."""
         ...
 
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
@@ -129,6 +136,17 @@ def _pg_lookup() -> sa.Select[Any]:
             x.c.holder.is_not(None),
             x.c.held.is_not(None),
         )
+    )
+
+
+def _pg_shares_differ() -> sa.Select[Any]:
+    """Bulk.shares_differ: the share's amount a correlated subquery, as in `_pg_lookup`."""
+    e = _unnest("e", *(claims.c[name] for name in SHARE_COLUMNS))
+    amount = sa.select(shares.c.amount).where(
+        shares.c.packet_id == e.c.packet_id, shares.c.idx == e.c.share_idx
+    )
+    return sa.select(
+        sa.exists().select_from(e).where(amount.scalar_subquery().is_distinct_from(e.c.amount))
     )
 
 
@@ -206,6 +224,7 @@ def _pg_update_packets() -> sa.Update:
 
 
 _PG_LOOKUP = _pg_lookup()
+_PG_SHARES_DIFFER = _pg_shares_differ()
 _PG_INSERT_CLAIMS = _pg_insert_claims()
 _PG_INSERT_ENTRIES = _pg_insert_entries()
 _PG_CREDIT = _pg_credit()
@@ -224,6 +243,9 @@ class PostgresBulk:
     async def lookup(self, keys: Columns) -> list[ClaimState]:
         rows = await self.conn.execute(_PG_LOOKUP, _arrays("e", LOOKUP_COLUMNS, keys))
         return [tuple(r) for r in rows]
+
+    async def shares_differ(self, keys: Columns) -> bool:
+        return bool(await self.conn.scalar(_PG_SHARES_DIFFER, _arrays("e", SHARE_COLUMNS, keys)))
 
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
         params: dict[str, Any] = _arrays("r", CLAIMED_COLUMNS, rows)
@@ -308,6 +330,18 @@ class ValuesBulk:
             )
 
         return await self.run(sql, keys)
+
+    async def shares_differ(self, keys: Columns) -> bool:
+        def sql(n: int) -> str:
+            e = self.source("e", SHARE_COLUMNS, n)
+            share = (
+                "(SELECT s.amount FROM hb_shares AS s"
+                " WHERE s.packet_id = e.packet_id AND s.idx = e.share_idx)"
+            )
+            where = self.distinct.format(share, "e.amount")
+            return f"SELECT 1 FROM {e} AS e WHERE {where} LIMIT 1"
+
+        return bool(await self.run(sql, keys))
 
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
         packet_ids, share_idxs, user_ids, amounts, claimed_at, references, actors = rows
