@@ -129,46 +129,71 @@ class Persister:
         self.lanes = 1 if ledger.dialect == "sqlite" else settings.persister_lanes
         self.healthy = True
         self._loop_turns = 0
+        #: the next read, sent while a batch applies (see `step`)
+        self._read_ahead: asyncio.Task[list[Event]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set; finishes the batch in hand before returning."""
         await self.store.ensure_groups()
         backoff = 0.05
         taken_over = False
-        while not stop.is_set():
-            try:
-                if not taken_over:
-                    await self.take_over()
-                    taken_over = True
-                await self.step()
-                backoff = 0.05
-                self.healthy = True
-            except StorageError as exc:
-                self.healthy = False
-                self.stats.db_failures += 1
-                log.warning("persister: %s; retrying in %.2fs", exc, backoff)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff)
-                backoff = min(backoff * 2, 5.0)
+        try:
+            while not stop.is_set():
+                try:
+                    if not taken_over:
+                        await self.take_over()
+                        taken_over = True
+                    await self.step()
+                    backoff = 0.05
+                    self.healthy = True
+                except StorageError as exc:
+                    self.healthy = False
+                    self.stats.db_failures += 1
+                    log.warning("persister: %s; retrying in %.2fs", exc, backoff)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), backoff)
+                    backoff = min(backoff * 2, 5.0)
+            with contextlib.suppress(StorageError):
+                await self.handle(await self._take_read_ahead())
+        finally:
+            if self._read_ahead is not None:  # cancelled: what it read stays pending
+                self._read_ahead.cancel()
 
     async def step(self) -> int:
-        """Reclaim from dead consumers now and then, read one batch and apply it."""
+        """Reclaim from dead consumers now and then, read one batch and apply it.
+
+        While a batch applies, the next one is read without waiting for new entries
+        (Redis's round trip and the reply's decoding overlap the database's work); the
+        next step applies it. Those entries are this consumer's from the moment they are
+        read, so a persister that stops applies them first (`run`, `drain`), and one that
+        dies leaves them pending for `take_over` like any other."""
         self._loop_turns += 1
         handled = 0
         if self._loop_turns % 20 == 1:
             handled += await self.reclaim()
-        events = await self.store.read_events(
-            self.consumer, self.settings.persister_batch, self.settings.persister_block_ms
-        )
+        events = await self._take_read_ahead() or await self._read(self.settings.persister_block_ms)
+        if events:
+            self._read_ahead = asyncio.ensure_future(self._read(None))
         handled += await self.handle(events)
         return handled
+
+    async def _read(self, block_ms: int | None) -> list[Event]:
+        return await self.store.read_events(self.consumer, self.settings.persister_batch, block_ms)
+
+    async def _take_read_ahead(self) -> list[Event]:
+        """The entries of the read sent during the last batch, if any."""
+        ahead, self._read_ahead = self._read_ahead, None
+        return await ahead if ahead is not None else []
 
     async def drain(self) -> None:
         """Apply until every bucket stream is empty (tests, shutdown); wrap in a timeout."""
         while True:
             await self.step()
             if await self.store.backlog() == 0:
-                return
+                left = await self._take_read_ahead()
+                if not left:
+                    return
+                await self.handle(left)
 
     async def handle(self, events: Sequence[Event]) -> int:
         """Apply a batch; on success acknowledge it. StorageError leaves it pending.

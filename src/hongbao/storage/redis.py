@@ -424,8 +424,9 @@ class RedisStore:
                 if "BUSYGROUP" not in str(exc):
                     raise StorageError(f"cannot create consumer group on {stream}: {exc}") from exc
 
-    async def read_events(self, consumer: str, count: int, block_ms: int) -> list[Event]:
-        """New entries for this consumer from every bucket stream."""
+    async def read_events(self, consumer: str, count: int, block_ms: int | None) -> list[Event]:
+        """New entries for this consumer from every bucket stream; waits up to `block_ms`
+        for one when there is none (None: answers at once)."""
         streams: dict[Any, Any] = {s: ">" for s in self.streams()}
         reply = await self._call(
             self.client.xreadgroup(PERSISTER_GROUP, consumer, streams, count=count, block=block_ms)

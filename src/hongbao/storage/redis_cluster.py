@@ -53,7 +53,7 @@ class RedisClusterStore(RedisStore):
         #: NOSCRIPT answers seen (scripts sent again with EVAL), for tests and metrics
         self.noscript_fallbacks = 0
 
-    async def read_events(self, consumer: str, count: int, block_ms: int) -> list[Event]:
+    async def read_events(self, consumer: str, count: int, block_ms: int | None) -> list[Event]:
         """New entries from every bucket stream, each read on its own node, concurrently.
 
         If some nodes fail (a failover under way), the entries read from the others
