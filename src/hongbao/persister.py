@@ -39,8 +39,8 @@ log = logging.getLogger("hongbao.persister")
 
 #: SQLite writes every page a transaction changed to its WAL whole. Claims of users spread
 #: over the user-ordered indexes change a page each unless many share a transaction, and
-#: SQLite has one writer, so no lanes overlap its work: a persister on SQLite reads and
-#: applies this many times `Settings.persister_batch` at a time (a transaction holds the
+#: SQLite has one writer, so no lanes overlap its work: a transaction of a persister on
+#: SQLite applies up to this many times `Settings.persister_batch` claims (it holds the
 #: write lock a fraction of a second; docs/performance.md, Settlement)
 SQLITE_BATCH_FACTOR = 5
 
@@ -135,8 +135,8 @@ class Persister:
         self.stats = PersisterStats()
         sqlite = ledger.dialect == "sqlite"
         self.lanes = 1 if sqlite else settings.persister_lanes
-        #: entries per read and claims per transaction
-        self.batch = settings.persister_batch * (SQLITE_BATCH_FACTOR if sqlite else 1)
+        #: claims per transaction
+        self.transaction_claims = settings.persister_batch * (SQLITE_BATCH_FACTOR if sqlite else 1)
         self.healthy = True
         self._loop_turns = 0
         #: the next read, sent while a batch applies (see `step`)
@@ -188,7 +188,7 @@ class Persister:
         return handled
 
     async def _read(self, block_ms: int | None) -> list[Event]:
-        return await self.store.read_events(self.consumer, self.batch, block_ms)
+        return await self.store.read_events(self.consumer, self.settings.persister_batch, block_ms)
 
     async def _take_read_ahead(self) -> list[Event]:
         """The entries of the read sent during the last batch, if any."""
@@ -243,7 +243,7 @@ class Persister:
         """The events in `self.lanes` lanes at once (`lanes`), each lane's in slices of
         at most a batch: a grant entry holds up to a coalesced batch of claims, and
         transactions stay bounded. Waits for every lane before it raises."""
-        size = self.batch
+        size = self.transaction_claims
 
         async def lane(part: list[LedgerEvent]) -> list[str | None]:
             outcomes: list[str | None] = []
@@ -289,7 +289,9 @@ class Persister:
         handled = 0
         seen: set[str] = set()
         while True:
-            pending = await self.store.pending(bucket, 0, self.batch, consumer=consumer)
+            pending = await self.store.pending(
+                bucket, 0, self.settings.persister_batch, consumer=consumer
+            )
             fresh = [p for p in pending if p.id not in seen]
             if not fresh:  # none left (or only entries whose data is gone)
                 return handled
@@ -303,7 +305,7 @@ class Persister:
         idle = self.settings.persister_claim_idle_ms
         handled = 0
         for bucket in range(self.store.buckets):
-            pending = await self.store.pending(bucket, idle, self.batch)
+            pending = await self.store.pending(bucket, idle, self.settings.persister_batch)
             if pending:
                 handled += await self._claim_and_apply(bucket, pending, idle)
         return handled

@@ -650,6 +650,11 @@ async def _storm(
                 await asyncio.sleep(2 * SAMPLE_SECONDS)  # the sampler's last read
                 break
         caught_up = time.perf_counter() - ended
+        # a read's entries are acknowledged once all its transactions committed
+        while time.perf_counter() < deadline:
+            if not await service.store.backlog():
+                break
+            await asyncio.sleep(SAMPLE_SECONDS)
         stop.set()
         await sampler
         if not started:
