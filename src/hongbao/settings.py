@@ -98,6 +98,11 @@ class Settings:
     #: persister: transactions it applies at once, each on packets of its own (SQLite,
     #: which has one writer, always applies one)
     persister_lanes: int = field(default=2, metadata=between(1, 16))
+    #: `serve --workers N` with the persister in its supervising process: how much lower
+    #: the API workers' scheduling priority is (nice). When grabs fill the CPU, the
+    #: persister is served first and the ledger keeps pace, at the cost of grabs/s; 0
+    #: shares the CPU equally
+    worker_nice: int = field(default=8, metadata=between(0, 19))
     #: persister: how long one read blocks waiting for new events, ms (0 would block
     #: forever; a read must end well within the Redis socket timeout of 5 s)
     persister_block_ms: int = field(default=200, metadata=between(1, 4_000))

@@ -298,6 +298,10 @@ def _send_grab_expire(server: Serve) -> None:
         )
 
 
+def niceness(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
 def _grab_counts(text: str) -> dict[str, float]:
     prefix = 'hongbao_grabs_total{outcome="'
     return {
@@ -334,6 +338,9 @@ def test_api_processes_share_the_connections_and_a_dead_one_is_replaced(tmp_path
     with server:
         workers = worker_pids(server)
         assert len(workers) == 2, server.log()
+        # the persister runs in serve's own process: the API workers yield the CPU to it
+        assert server.proc is not None
+        assert [niceness(pid) - niceness(server.proc.pid) for pid in workers] == [8, 8]
         # each worker accepts on a socket of its own (SO_REUSEPORT): 40 connections opened
         # together are spread across both (fewer than 8 on one: odds ~1e-5 if random)
         clients = [httpx.Client(base_url=server.url, timeout=10) for _ in range(40)]
@@ -353,6 +360,7 @@ def test_api_processes_share_the_connections_and_a_dead_one_is_replaced(tmp_path
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.2)
         assert workers[0] not in now
+        assert [niceness(pid) - niceness(server.proc.pid) for pid in now] == [8, 8]
         assert f"worker {workers[0]} exited (-9)" in " ".join(server.log().split())  # wrapped
         stop_cleanly(server)
 
@@ -426,8 +434,13 @@ def test_external_redis_with_a_separate_worker(tmp_path: Path, redis_url: str) -
     redis.Redis.from_url(redis_url).flushdb()
     data_dir = tmp_path / "data"
     env = clean_env(HONGBAO_SECRET="e2e-tests-shared-secret-0123456789")
-    server = Serve(data_dir, None, "--redis-url", redis_url, "--no-persister", env=env)
+    server = Serve(
+        data_dir, None, "--redis-url", redis_url, "--no-persister", "--workers", "2", env=env
+    )
     with server:
+        # an API node: no persister here to yield the CPU to
+        assert server.proc is not None
+        assert {niceness(pid) for pid in worker_pids(server)} == {niceness(server.proc.pid)}
         with separate_worker(redis_url, data_dir):
             _send_grab_expire(server)
         stop_cleanly(server)

@@ -349,7 +349,8 @@ def serve(
             if persister:
                 background = BackgroundWorkers(settings)
                 background.start()
-            _run_workers(host, port, log_level.lower(), access_log, proxies, workers)
+            nice = settings.worker_nice if persister else 0
+            _run_workers(host, port, log_level.lower(), access_log, proxies, workers, nice)
     except _Stop:
         pass
     finally:
@@ -411,14 +412,21 @@ def _run_uvicorn(
 
 
 def _run_workers(
-    host: str, port: int, level: str, access_log: bool, proxies: list[str], workers: int
+    host: str,
+    port: int,
+    level: str,
+    access_log: bool,
+    proxies: list[str],
+    workers: int,
+    nice: int,
 ) -> None:
-    """N API processes, each with the app built from the environment set above."""
+    """N API processes, each with the app built from the environment set above, `nice`
+    steps below this process (the persister's) in scheduling priority."""
     from hongbao.serving.workers import serve_workers, uvicorn_options
 
     options = {**uvicorn_options(host, port, level, access_log, proxies), "factory": True}
     with friendly_errors():
-        code = serve_workers("hongbao.app:app_from_env", workers, options)
+        code = serve_workers("hongbao.app:app_from_env", workers, options, nice)
     if code:
         fail("a worker could not start (see its log above)", code)
 

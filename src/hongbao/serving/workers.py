@@ -98,11 +98,11 @@ def reuse_port_available() -> bool:
     return sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
 
 
-def serve_workers(app: str, workers: int, options: dict[str, Any]) -> int:
+def serve_workers(app: str, workers: int, options: dict[str, Any], nice: int = 0) -> int:
     """Run `app` (an import string) in `workers` processes until SIGINT or SIGTERM;
-    uvicorn `options` as for `uvicorn.run`. Returns an exit code (uvicorn's
-    STARTUP_FAILURE when a worker could not start); ConfigurationError if the port is
-    taken."""
+    uvicorn `options` as for `uvicorn.run`; each worker `nice` steps below this process's
+    scheduling priority. Returns an exit code (uvicorn's STARTUP_FAILURE when a worker
+    could not start); ConfigurationError if the port is taken."""
     if not reuse_port_available():
         uvicorn.run(app, workers=workers, **options)
         return 0
@@ -117,7 +117,9 @@ def serve_workers(app: str, workers: int, options: dict[str, Any]) -> int:
     running: dict[int, tuple[BaseProcess, float]] = {}  # sentinel -> (process, started)
 
     def start() -> None:
-        process = context.Process(target=_worker, args=(app, options, os.getpid()), daemon=False)
+        process = context.Process(
+            target=_worker, args=(app, options, os.getpid(), nice), daemon=False
+        )
         process.start()
         running[process.sentinel] = (process, time.monotonic())
 
@@ -189,9 +191,11 @@ def check_port_free(host: str, port: int) -> None:
     bind_listener(host, port).close()
 
 
-def _worker(app: str, options: dict[str, Any], supervisor: int) -> None:
+def _worker(app: str, options: dict[str, Any], supervisor: int, nice: int) -> None:
     """One worker process: its own listening socket, then uvicorn's server on it."""
     _stop_with(supervisor)
+    if nice:
+        os.nice(nice)
     config = uvicorn.Config(app, **options)  # sets up uvicorn's logging too
     sock = bind_listener(config.host, config.port, reuse_port=True)
     server = uvicorn.Server(config)
