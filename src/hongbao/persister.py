@@ -64,7 +64,7 @@ def gone_from_this_host(consumer: str) -> bool:
     return False
 
 
-def lanes(events: Sequence[LedgerEvent], count: int) -> list[list[int]]:
+def packet_lanes(events: Sequence[LedgerEvent], count: int) -> list[list[int]]:
     """The events' positions divided into at most `count` lanes, each packet's events in
     one lane, in stream order; the packets with most events first, each to the lane
     with fewest events so far."""
@@ -240,7 +240,7 @@ class Persister:
         return len(events)
 
     async def _apply_in_slices(self, events: list[LedgerEvent]) -> list[str | None]:
-        """The events in `self.lanes` lanes at once (`lanes`), each lane's in slices of
+        """The events in `self.lanes` lanes at once (`packet_lanes`), each lane's in slices of
         at most a batch: a grant entry holds up to a coalesced batch of claims, and
         transactions stay bounded. Waits for every lane before it raises."""
         size = self.transaction_claims
@@ -251,7 +251,7 @@ class Persister:
                 outcomes += await self._apply(part[start : start + size])
             return outcomes
 
-        positions = lanes(events, self.lanes)
+        positions = packet_lanes(events, self.lanes)
         done = await asyncio.gather(
             *(lane([events[p] for p in part]) for part in positions), return_exceptions=True
         )

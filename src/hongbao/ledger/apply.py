@@ -101,9 +101,11 @@ class ApplyBatch:
         inserted at once, in a savepoint. A unique key of the ledger refusing one (a
         replay, or a share or user claimed before) undoes that, and returns None, as
         does a conflict or a share that differs: then `_check_claims` judges each."""
+        if not claims_in:
+            return []
         distinct = _without_conflicts(claims_in)
-        if not distinct:
-            return None if claims_in else []
+        if distinct is None:
+            return None
         columns = _claim_columns(distinct)
         packet_ids, share_idxs, _, amounts, *_ = columns
         if await self.bulk.shares_differ((packet_ids, share_idxs, amounts)):

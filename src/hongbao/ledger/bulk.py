@@ -108,14 +108,20 @@ def _unnest(name: str, *columns: sa.Column[Any]) -> Any:
     return sa.func.unnest(*arrays).table_valued(*names).render_derived(name=name)
 
 
+def _pg_share_amount(e: Any) -> sa.ScalarSelect[Any]:
+    """The amount of the share `e` names (NULL: no such share), a correlated subquery."""
+    return (
+        sa.select(shares.c.amount)
+        .where(shares.c.packet_id == e.c.packet_id, shares.c.idx == e.c.share_idx)
+        .scalar_subquery()
+    )
+
+
 def _pg_lookup() -> sa.Select[Any]:
     """Bulk.lookup: per key the share's amount, who holds that share and which share the
     user holds, as correlated scalar subqueries, so each is an index lookup per key (as
     joins, the planner hashes whole tables while they look small next to a batch)."""
     e = _unnest("e", *(claims.c[name] for name in LOOKUP_COLUMNS))
-    amount = sa.select(shares.c.amount).where(
-        shares.c.packet_id == e.c.packet_id, shares.c.idx == e.c.share_idx
-    )
     holder = sa.select(claims.c.user_id).where(
         claims.c.packet_id == e.c.packet_id, claims.c.share_idx == e.c.share_idx
     )
@@ -124,7 +130,7 @@ def _pg_lookup() -> sa.Select[Any]:
     )
     x = sa.select(
         e,
-        amount.scalar_subquery().label("share_amount"),
+        _pg_share_amount(e).label("share_amount"),
         holder.scalar_subquery().label("holder"),
         held.scalar_subquery().label("held"),
     ).subquery("x")
@@ -140,13 +146,10 @@ def _pg_lookup() -> sa.Select[Any]:
 
 
 def _pg_shares_differ() -> sa.Select[Any]:
-    """Bulk.shares_differ: the share's amount a correlated subquery, as in `_pg_lookup`."""
+    """Bulk.shares_differ."""
     e = _unnest("e", *(claims.c[name] for name in SHARE_COLUMNS))
-    amount = sa.select(shares.c.amount).where(
-        shares.c.packet_id == e.c.packet_id, shares.c.idx == e.c.share_idx
-    )
     return sa.select(
-        sa.exists().select_from(e).where(amount.scalar_subquery().is_distinct_from(e.c.amount))
+        sa.exists().select_from(e).where(_pg_share_amount(e).is_distinct_from(e.c.amount))
     )
 
 
@@ -264,6 +267,12 @@ class PostgresBulk:
 # -- MySQL / MariaDB and SQLite ----------------------------------------------------------
 
 
+#: the amount of the share a row `e` names (NULL: no such share), a correlated subquery
+SHARE_AMOUNT_SQL = (
+    "(SELECT s.amount FROM hb_shares AS s WHERE s.packet_id = e.packet_id AND s.idx = e.share_idx)"
+)
+
+
 class ValuesBulk:
     """Multi-row VALUES statements with positional parameters, run at the driver level.
 
@@ -318,8 +327,7 @@ class ValuesBulk:
             return (
                 "SELECT packet_id, share_idx, user_id, share_amount, holder, held FROM ("
                 "SELECT e.packet_id, e.share_idx, e.user_id, e.amount,"
-                " (SELECT s.amount FROM hb_shares AS s"
-                " WHERE s.packet_id = e.packet_id AND s.idx = e.share_idx) AS share_amount,"
+                f" {SHARE_AMOUNT_SQL} AS share_amount,"
                 " (SELECT c.user_id FROM hb_claims AS c"
                 " WHERE c.packet_id = e.packet_id AND c.share_idx = e.share_idx) AS holder,"
                 " (SELECT c.share_idx FROM hb_claims AS c"
@@ -334,11 +342,7 @@ class ValuesBulk:
     async def shares_differ(self, keys: Columns) -> bool:
         def sql(n: int) -> str:
             e = self.source("e", SHARE_COLUMNS, n)
-            share = (
-                "(SELECT s.amount FROM hb_shares AS s"
-                " WHERE s.packet_id = e.packet_id AND s.idx = e.share_idx)"
-            )
-            where = self.distinct.format(share, "e.amount")
+            where = self.distinct.format(SHARE_AMOUNT_SQL, "e.amount")
             return f"SELECT 1 FROM {e} AS e WHERE {where} LIMIT 1"
 
         return bool(await self.run(sql, keys))
