@@ -208,14 +208,15 @@ def worker_pids(server: Serve) -> list[int]:
     return sorted(pids)
 
 
-def connections_by_pid(port: int, pids: list[int]) -> dict[int, int]:
-    """How many established TCP connections to local `port` each of `pids` holds (Linux)."""
+def connections_by_pid(port: int, pids: list[int], state: str = "01") -> dict[int, int]:
+    """How many TCP sockets on local `port` in `state` (01: established, 0A: listening)
+    each of `pids` holds (Linux)."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for row in Path(table).read_text().splitlines()[1:]:
                 fields = row.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
                     inodes.add(fields[9])
     held: dict[int, int] = {}
     for pid in pids:
