@@ -21,6 +21,7 @@ from hongbao.ledger import SqlLedger
 from hongbao.ledger.records import utcnow
 from hongbao.ledger.schema import (
     BINARY_COLLATION,
+    BYTE_ORDER_COLLATION,
     claims,
     entries,
     metadata,
@@ -32,7 +33,8 @@ from hongbao.ledger.sql import PacketRecord, deposit_reference
 from tests.conftest import DATABASES, MYSQL_ADMIN, POSTGRES_ADMIN, _server_database
 
 MANY = 1100
-#: (table, column) of every identifier the binary collation covers on MySQL/MariaDB
+#: (table, column) of every identifier of revision 0001: the binary collation covers them on
+#: MySQL/MariaDB, byte order on PostgreSQL
 IDENTIFIERS = [
     ("hb_wallets", "user_id"),
     ("hb_ledger_entries", "reference"),
@@ -143,13 +145,14 @@ async def downgrade(ledger: SqlLedger, revision: str) -> None:
         await conn.run_sync(run)
 
 
-async def collations(ledger: SqlLedger) -> set[str]:
-    """The collations of the identifier columns (MySQL/MariaDB only)."""
+async def collations(ledger: SqlLedger) -> set[str | None]:
+    """The collations of the identifier columns (MySQL/MariaDB and PostgreSQL)."""
+    schema = "current_schema()" if ledger.dialect == "postgresql" else "DATABASE()"
     async with ledger.engine.connect() as conn:
         rows = await conn.execute(
             sa.text(
                 "SELECT table_name, column_name, collation_name FROM information_schema.columns"
-                " WHERE table_schema = DATABASE()"
+                f" WHERE table_schema = {schema}"
             )
         )
         return {c for t, n, c in rows if (t, n) in IDENTIFIERS}
@@ -206,6 +209,8 @@ async def test_old_ledger_migrates_and_keeps_its_money(old_ledger: SqlLedger) ->
     assert await foreign_keys(ledger) == 1  # shares to packets (revision 0010)
     if ledger.dialect == "mysql":
         assert await collations(ledger) == {BINARY_COLLATION}
+    if ledger.dialect == "postgresql":  # byte order (revision 0011)
+        assert await collations(ledger) == {BYTE_ORDER_COLLATION}
     # now ids differing in case are different users on every database
     assert await ledger.deposit("ALICE", 5, "d-1") == 5
     assert await ledger.balance("alice") == 700
@@ -225,6 +230,8 @@ async def test_downgrade_to_0001_and_up_again(old_ledger: SqlLedger) -> None:
     assert len(references) == MANY + 3
     if ledger.dialect == "mysql":
         assert BINARY_COLLATION not in await collations(ledger)
+    if ledger.dialect == "postgresql":
+        assert await collations(ledger) == {None}  # the database's default
     await ledger.migrate()
     assert await ledger.deposit("carol", 40, "c-1") == 40
     assert await ledger.deposit("alice", 1000, "d-1") == 700
