@@ -77,20 +77,24 @@ async def test_conflicts_inside_one_batch_go_to_the_first_event(ledger: SqlLedge
     assert await ledger.audit() == []
 
 
-@pytest.mark.parametrize("before", ["replay", "share taken", "user served"])
+@pytest.mark.parametrize(
+    "before", ["replay", "share taken", "user served", "amount differs", "no such share"]
+)
 async def test_a_claim_the_ledger_has_refuses_the_unchecked_insert_and_the_rest_applies(
     ledger: SqlLedger, before: str
 ) -> None:
-    """A batch of claims that conflict with none of each other and name their shares
-    right is inserted without a lookup; one claim that is not new makes the unique keys
-    refuse that insert, and then the batch is judged claim by claim, in the same
-    transaction, as if it had been looked up first."""
+    """A batch of claims that conflict with none of each other is inserted without a
+    lookup; one claim that is not new makes the unique keys refuse that insert, one that
+    names its share wrong makes the share check refuse it, and then the batch is judged
+    claim by claim, in the same transaction, as if it had been looked up first."""
     pid = await packet(ledger, [10, 20, 30, 40])
     assert await ledger.apply([ClaimEvent(pid, 1, "x", 20, AT)]) == [None]
     claim = {
         "replay": ClaimEvent(pid, 1, "x", 20, AT),
         "share taken": ClaimEvent(pid, 1, "y", 20, AT),
         "user served": ClaimEvent(pid, 3, "x", 40, AT),
+        "amount differs": ClaimEvent(pid, 3, "y", 41, AT),
+        "no such share": ClaimEvent(pid, 4, "y", 40, AT),
     }[before]
     outcome = await ledger.apply(
         [ClaimEvent(pid, 0, "a", 10, AT), claim, ClaimEvent(pid, 2, "c", 30, AT)]
@@ -101,6 +105,8 @@ async def test_a_claim_the_ledger_has_refuses_the_unchecked_insert_and_the_rest_
             "replay": None,
             "share taken": f"share 1 of {pid} was claimed by x",
             "user served": f"x already claimed share 1 of {pid}",
+            "amount differs": f"share 3 of {pid} is 40 fen, event says 41",
+            "no such share": f"packet {pid} has no share 4",
         }[before],
         None,
     ]

@@ -42,7 +42,6 @@ from hongbao.ledger.records import (
     RefundEvent,
     among,
     chunks,
-    claim_reference,
     packet_from_row,
     refund_reference,
     to_db,
@@ -106,13 +105,11 @@ class ApplyBatch:
         distinct = _without_conflicts(claims_in)
         if distinct is None:
             return None
-        columns = _claim_columns(distinct)
-        packet_ids, share_idxs, _, amounts, *_ = columns
-        if await self.bulk.shares_differ((packet_ids, share_idxs, amounts)):
-            return None
         try:
-            async with self.conn.begin_nested():
-                await self.bulk.insert_claims(columns, now)
+            async with self.conn.begin_nested() as savepoint:
+                if not await self.bulk.insert_new_claims(_claim_columns(distinct), now):
+                    await savepoint.rollback()
+                    return None
         except sa.exc.IntegrityError:
             return None
         return distinct
@@ -205,7 +202,6 @@ def _claim_columns(new: Sequence[ClaimEvent]) -> Columns:
         [e.user_id for e in new],
         [e.amount for e in new],
         [to_db(e.claimed_at) for e in new],
-        list(map(claim_reference, pids, idxs)),
         [e.actor for e in new],
     )
 

@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from hongbao.ledger.records import CLAIM_REFERENCE_PREFIX, claim_reference
 from hongbao.ledger.schema import Timestamp, claims, entries, packets, shares, wallets
 
 #: one list per column, all of one length
@@ -37,8 +38,8 @@ ClaimState = tuple[str, int, str, int | None, str | None, int | None]
 SqlFor = Callable[[int], str]
 
 CLAIM_COLUMNS = ("packet_id", "share_idx", "user_id", "amount", "claimed_at")
-#: a claim, and the reference and actor (who grabbed for the user, or None) of its entry
-CLAIMED_COLUMNS = (*CLAIM_COLUMNS, "reference", "actor")
+#: a claim, and the actor of its entry (who grabbed for the user, or None)
+CLAIMED_COLUMNS = (*CLAIM_COLUMNS, "actor")
 ENTRY_COLUMNS = ("reference", "user_id", "kind", "amount", "packet_id", "actor", "created_at")
 #: claims, fen claimed and fen refunded are added to the packet; status and closed_at set
 #: (closed_at only when not None)
@@ -65,13 +66,15 @@ class Bulk(Protocol):
         claim already. Any other key names a free share of the amount claimed."""
         ...
 
-    async def shares_differ(self, keys: Columns) -> bool:
-        """Whether some claim in `keys` (SHARE_COLUMNS) names a share that is missing or
-        of another amount."""
-        ...
-
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
         """The claims (CLAIMED_COLUMNS) and their ledger entries."""
+        ...
+
+    async def insert_new_claims(self, rows: Columns, now: datetime) -> bool:
+        """As `insert_claims`, for claims not looked up: only if each names a share of
+        the amount it claims. If one does not, nothing is inserted, and either False is
+        returned or IntegrityError raised (PostgreSQL: one statement checks and inserts).
+        A unique key refusing a claim raises IntegrityError. Run it in a savepoint."""
         ...
 
     async def insert_entries(self, rows: Columns) -> None:
@@ -145,36 +148,35 @@ def _pg_lookup() -> sa.Select[Any]:
     )
 
 
-def _pg_shares_differ() -> sa.Select[Any]:
-    """Bulk.shares_differ."""
-    e = _unnest("e", *(claims.c[name] for name in SHARE_COLUMNS))
-    return sa.select(
-        sa.exists().select_from(e).where(_pg_share_amount(e).is_distinct_from(e.c.amount))
-    )
-
-
 def _pg_insert_entries() -> sa.Insert:
     rows = _unnest("r", *(entries.c[name] for name in ENTRY_COLUMNS))
     return entries.insert().from_select(list(ENTRY_COLUMNS), sa.select(rows))
 
 
-def _pg_insert_claims() -> sa.Insert:
-    """The claims and, from the same arrays, their ledger entries: one statement."""
+def _pg_insert_claims(checked: bool) -> sa.Insert:
+    """The claims and, from the same arrays, their ledger entries: one statement. Each
+    entry's reference is `claim_reference` of its claim, written out in SQL.
+
+    Unless the claims were `checked`, each claim's amount is NULL where its share is
+    missing or of another amount, so that the claims' NOT NULL amount refuses the
+    statement: the share check costs no statement of its own."""
     rows = sa.select(
-        _unnest(
-            "r",
-            *(claims.c[name] for name in CLAIM_COLUMNS),
-            entries.c.reference,
-            entries.c.actor,
-        )
+        _unnest("r", *(claims.c[name] for name in CLAIM_COLUMNS), entries.c.actor)
     ).cte("claimed")
+    amount: Any = rows.c.amount
+    if not checked:
+        amount = sa.case((_pg_share_amount(rows) == rows.c.amount, rows.c.amount))
     add_claims = claims.insert().from_select(
-        list(CLAIM_COLUMNS), sa.select(*(rows.c[name] for name in CLAIM_COLUMNS))
+        list(CLAIM_COLUMNS),
+        sa.select(rows.c.packet_id, rows.c.share_idx, rows.c.user_id, amount, rows.c.claimed_at),
+    )
+    reference = sa.func.concat(
+        CLAIM_REFERENCE_PREFIX, rows.c.packet_id, ":", sa.cast(rows.c.share_idx, sa.Text)
     )
     add_entries = entries.insert().from_select(
         list(ENTRY_COLUMNS),
         sa.select(
-            rows.c.reference,
+            reference,
             rows.c.user_id,
             sa.literal("claim", entries.c.kind.type),
             rows.c.amount,
@@ -227,8 +229,8 @@ def _pg_update_packets() -> sa.Update:
 
 
 _PG_LOOKUP = _pg_lookup()
-_PG_SHARES_DIFFER = _pg_shares_differ()
-_PG_INSERT_CLAIMS = _pg_insert_claims()
+_PG_INSERT_CLAIMS = _pg_insert_claims(checked=True)
+_PG_INSERT_NEW_CLAIMS = _pg_insert_claims(checked=False)
 _PG_INSERT_ENTRIES = _pg_insert_entries()
 _PG_CREDIT = _pg_credit()
 _PG_UPDATE_PACKETS = _pg_update_packets()
@@ -247,12 +249,14 @@ class PostgresBulk:
         rows = await self.conn.execute(_PG_LOOKUP, _arrays("e", LOOKUP_COLUMNS, keys))
         return [tuple(r) for r in rows]
 
-    async def shares_differ(self, keys: Columns) -> bool:
-        return bool(await self.conn.scalar(_PG_SHARES_DIFFER, _arrays("e", SHARE_COLUMNS, keys)))
-
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
         params: dict[str, Any] = _arrays("r", CLAIMED_COLUMNS, rows)
         await self.conn.execute(_PG_INSERT_CLAIMS, {**params, "now": now})
+
+    async def insert_new_claims(self, rows: Columns, now: datetime) -> bool:
+        params: dict[str, Any] = _arrays("r", CLAIMED_COLUMNS, rows)
+        await self.conn.execute(_PG_INSERT_NEW_CLAIMS, {**params, "now": now})
+        return True
 
     async def insert_entries(self, rows: Columns) -> None:
         await self.conn.execute(_PG_INSERT_ENTRIES, _arrays("r", ENTRY_COLUMNS, rows))
@@ -340,6 +344,9 @@ class ValuesBulk:
         return await self.run(sql, keys)
 
     async def shares_differ(self, keys: Columns) -> bool:
+        """Whether some claim in `keys` (SHARE_COLUMNS) names a share that is missing or
+        of another amount."""
+
         def sql(n: int) -> str:
             e = self.source("e", SHARE_COLUMNS, n)
             where = self.distinct.format(SHARE_AMOUNT_SQL, "e.amount")
@@ -348,15 +355,23 @@ class ValuesBulk:
         return bool(await self.run(sql, keys))
 
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
-        packet_ids, share_idxs, user_ids, amounts, claimed_at, references, actors = rows
+        packet_ids, share_idxs, user_ids, amounts, claimed_at, actors = rows
         at = list(map(self.time, claimed_at))
         await self.run(
             self.insert(claims, CLAIM_COLUMNS), [packet_ids, share_idxs, user_ids, amounts, at]
         )
+        references = list(map(claim_reference, packet_ids, share_idxs))
         n = len(references)
         await self.insert_entries(
             [references, user_ids, ["claim"] * n, amounts, packet_ids, actors, [now] * n]
         )
+
+    async def insert_new_claims(self, rows: Columns, now: datetime) -> bool:
+        packet_ids, share_idxs, _, amounts, *_ = rows
+        if await self.shares_differ((packet_ids, share_idxs, amounts)):
+            return False
+        await self.insert_claims(rows, now)
+        return True
 
     async def insert_entries(self, rows: Columns) -> None:
         *first, created_at = rows

@@ -134,8 +134,13 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterable[Sequence[T]]:
         yield items[start : start + size]
 
 
+#: a claim's ledger entry is `claim:{packet_id}:{share_idx}`; PostgreSQL's bulk insert
+#: writes the same in SQL (hongbao.ledger.bulk)
+CLAIM_REFERENCE_PREFIX = "claim:"
+
+
 def claim_reference(packet_id: str, share_idx: int) -> str:
-    return f"claim:{packet_id}:{share_idx}"
+    return f"{CLAIM_REFERENCE_PREFIX}{packet_id}:{share_idx}"
 
 
 def refund_reference(packet_id: str) -> str:
