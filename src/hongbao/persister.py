@@ -26,6 +26,7 @@ import socket
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hongbao.domain.moments import from_ms
 from hongbao.errors import StorageError
@@ -81,6 +82,10 @@ def packet_lanes(events: Sequence[LedgerEvent], count: int) -> list[list[int]]:
     return out
 
 
+#: `from_ms`, one datetime per millisecond: in a storm dozens of claims share each one
+claim_moment = lru_cache(maxsize=4096)(from_ms)
+
+
 def parse_event(event: Event) -> list[LedgerEvent]:
     """The ledger events of a stream entry (a grants entry holds several); ValueError says
     why it is malformed."""
@@ -102,7 +107,7 @@ def parse_event(event: Event) -> list[LedgerEvent]:
             claim.share_index,
             user,
             claim.amount,
-            from_ms(claim.claimed_at_ms),
+            claim_moment(claim.claimed_at_ms),
             actors.get(user) if actors else None,
         )
         for user, claim in entry.claims
