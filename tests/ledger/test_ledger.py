@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from hongbao.domain.ids import new_packet_id
 from hongbao.errors import IdempotencyConflict, InsufficientBalance, StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.records import to_db
-from hongbao.ledger.schema import claims, wallets
+from hongbao.ledger.schema import claims, entries, wallets
 from hongbao.ledger.sql import ClaimEvent, PacketRecord, RefundEvent, database_url
 
 
@@ -155,6 +155,34 @@ async def test_audit_names_claims_off_their_share(ledger: SqlLedger) -> None:
     problems = await ledger.audit()
     assert f"packet {packet.id}: claim of share 7 which it does not have" in problems
     assert f"packet {packet.id}: claim of share 1 is 150 fen, the share 200" in problems
+
+
+async def test_audit_names_claim_entries_not_one_per_claim(ledger: SqlLedger) -> None:
+    """A claim's entry is unique by its claim's share, not by an index of its own on
+    PostgreSQL and SQLite (MySQL/MariaDB keep the index whole); the audit checks it."""
+    await ledger.deposit("s", 300, "r")
+    packet, _ = await ledger.create_packet(record("s", 300, 2), [100, 200], None)
+    at = datetime.now(UTC)
+    assert await ledger.apply([ClaimEvent(packet.id, 0, "u0", 100, at)]) == [None]
+    reference = f"claim:{packet.id}:0"
+    again = {"reference": reference, "user_id": "u0", "kind": "claim", "amount": 100}
+    again |= {"packet_id": packet.id, "created_at": to_db(at)}
+
+    async def credit_twice(conn: AsyncConnection) -> None:
+        await conn.execute(entries.insert(), [again])
+        await conn.execute(wallets.update().where(wallets.c.user_id == "u0").values(balance=200))
+
+    if ledger.dialect == "mysql":
+        with pytest.raises(sa.exc.IntegrityError):
+            async with ledger.engine.begin() as conn:
+                await credit_twice(conn)
+        assert await ledger.audit() == []
+        return
+    async with ledger.engine.begin() as conn:
+        await credit_twice(conn)
+    problems = await ledger.audit()
+    assert f"packet {packet.id}: 2 claim entries of 200 fen, 1 claims of 100" in problems
+    assert f"claim entry {reference}: 2 times" in problems
 
 
 async def test_a_pool_with_no_connection_free_is_a_storage_error(sql_url: str) -> None:

@@ -3,10 +3,12 @@ withdrawal matched by its entries."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from hongbao.ledger.schema import claims, entries, packets, shares, wallets
+from hongbao.ledger.schema import CLAIM_KIND, claims, entries, packets, shares, wallets
 from hongbao.ledger.withdrawals import audit_withdrawals
 
 
@@ -15,6 +17,7 @@ async def audit_ledger(conn: AsyncConnection) -> list[str]:
     problems, held = await _packets(conn)
     problems.extend(await _claimed_twice(conn))
     problems.extend(await _claims_off_their_share(conn))
+    problems.extend(await _claim_entries(conn))
     problems.extend(await _wallets(conn))
     withdrawal_problems, in_flight, withdrawn = await audit_withdrawals(conn)
     problems.extend(withdrawal_problems)
@@ -114,6 +117,39 @@ async def _claims_off_their_share(conn: AsyncConnection) -> list[str]:
         + ("which it does not have" if share is None else f"is {a} fen, the share {share}")
         for p, i, a, share in rows
     ]
+
+
+async def _claim_entries(conn: AsyncConnection) -> list[str]:
+    """Packets whose claims' ledger entries are not one per claim: as many entries as
+    claims, of the same fen, and no reference twice. No unique index holds the references
+    of claim entries (revision 0012): each is written with its claim, whose share is
+    unique."""
+
+    def per_packet(table: sa.Table, *where: Any) -> Any:
+        return (
+            sa.select(table.c.packet_id, sa.func.count().label("n"), sa.func.sum(table.c.amount))
+            .where(*where)
+            .group_by(table.c.packet_id)
+        )
+
+    entered = {
+        p: (int(n), int(a))
+        for p, n, a in await conn.execute(per_packet(entries, entries.c.kind == CLAIM_KIND))
+    }
+    claimed = {p: (int(n), int(a)) for p, n, a in await conn.execute(per_packet(claims))}
+    out: list[str] = []
+    for p in sorted(entered.keys() | claimed.keys()):
+        (n_e, fen_e), (n_c, fen_c) = entered.get(p, (0, 0)), claimed.get(p, (0, 0))
+        if (n_e, fen_e) != (n_c, fen_c):
+            out.append(f"packet {p}: {n_e} claim entries of {fen_e} fen, {n_c} claims of {fen_c}")
+    twice = await conn.execute(
+        sa.select(entries.c.reference, sa.func.count())
+        .where(entries.c.kind == CLAIM_KIND)
+        .group_by(entries.c.reference)
+        .having(sa.func.count() > 1)
+    )
+    out.extend(f"claim entry {r}: {n} times" for r, n in twice)
+    return out
 
 
 async def _wallets(conn: AsyncConnection) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from alembic import op
 
 
@@ -46,3 +48,38 @@ def rewrite_sqlite_table(table: str, old: str, new: str) -> None:
         bind.exec_driver_sql(f"PRAGMA schema_version = {int(version) + 1}")
     finally:
         bind.exec_driver_sql("PRAGMA writable_schema = OFF")
+
+
+def rebuild_sqlite_table(table: str, edit: Callable[[str], str]) -> None:
+    """Rebuild `table` with the CREATE TABLE statement `edit` makes of SQLite's: a new
+    table of that schema, the rows copied into it, the old table dropped, the new one
+    renamed, and the table's own indexes made again (SQLite's documentation, ALTER TABLE,
+    "Making Other Kinds Of Table Schema Changes").
+
+    For changes the rows need not be checked for but the indexes do follow, such as
+    removing a UNIQUE constraint; only for a table that no foreign key refers to, with
+    its columns in the same order.
+    """
+    bind = op.get_bind()
+    table_sql = bind.exec_driver_sql(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).scalar_one()
+    if not table_sql.startswith("CREATE TABLE "):
+        raise RuntimeError(f"{table} is not created as expected: {table_sql}")
+    indexes = [
+        sql
+        for (sql,) in bind.exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ?"
+            " AND sql IS NOT NULL",
+            (table,),
+        )
+    ]
+    rebuilt = f"{table}_rebuilt"
+    # the statement names the table as it was created: bare, or quoted once renamed
+    _, _, columns = edit(table_sql).partition("(")
+    bind.exec_driver_sql(f"CREATE TABLE {rebuilt} ({columns}")
+    bind.exec_driver_sql(f"INSERT INTO {rebuilt} SELECT * FROM {table}")
+    bind.exec_driver_sql(f"DROP TABLE {table}")
+    bind.exec_driver_sql(f"ALTER TABLE {rebuilt} RENAME TO {table}")
+    for sql in indexes:
+        bind.exec_driver_sql(sql)

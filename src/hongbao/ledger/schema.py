@@ -40,6 +40,7 @@ IdempotencyKey = identifier(IDEMPOTENCY_KEY_LENGTH)
 #: a withdrawal debits the wallet when it is requested; a failed one is reversed (the
 #: money goes back, once)
 ENTRY_KINDS = ("deposit", "send", "claim", "refund", "withdrawal", "reversal")
+CLAIM_KIND = "claim"
 STATUSES = ("active", "exhausted", "expired", "cancelled")
 WITHDRAWAL_STATES = ("requested", "completed", "failed")
 DELIVERY_STATES = ("pending", "delivered", "parked")
@@ -62,8 +63,9 @@ entries = sa.Table(
     "hb_ledger_entries",
     metadata,
     sa.Column("id", RowId, primary_key=True, autoincrement=True),
-    #: what this entry applies, e.g. "claim:<packet>:<index>"; unique, so nothing applies twice
-    sa.Column("reference", Reference, nullable=False, unique=True),
+    #: what this entry applies, e.g. "claim:<packet>:<index>"; unique, so nothing applies
+    #: twice (a claim's entry by its claim's unique share, see uq_entry_reference)
+    sa.Column("reference", Reference, nullable=False),
     sa.Column("user_id", UserId, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     #: signed: credits positive, debits negative
@@ -78,6 +80,15 @@ entries = sa.Table(
     sa.CheckConstraint(
         "kind IN ('deposit', 'send', 'claim', 'refund', 'withdrawal', 'reversal')",
         name="ck_entry_kind",
+    ),
+    #: partial where the database has them: a claim's entry is written only with its
+    #: claim, whose unique (packet, share) its reference names (revision 0012)
+    sa.Index(
+        "uq_entry_reference",
+        "reference",
+        unique=True,
+        postgresql_where=sa.text(f"kind <> '{CLAIM_KIND}'"),
+        sqlite_where=sa.text(f"kind <> '{CLAIM_KIND}'"),
     ),
     #: partial where the database has them: the entries of other kinds add nothing to it
     sa.Index(
