@@ -42,6 +42,7 @@ from hongbao.ledger.records import (
     RefundEvent,
     among,
     chunks,
+    map_distinct,
     packet_from_row,
     refund_reference,
     to_db,
@@ -201,16 +202,9 @@ def _claim_columns(new: Sequence[ClaimEvent]) -> Columns:
         idxs,
         [e.user_id for e in new],
         [e.amount for e in new],
-        _db_moments([e.claimed_at for e in new]),
+        map_distinct(to_db, [e.claimed_at for e in new]),
         [e.actor for e in new],
     )
-
-
-def _db_moments(moments: Sequence[datetime]) -> list[datetime]:
-    """`to_db` of each moment, each distinct moment converted once: a batch's claims
-    share each millisecond with dozens of others."""
-    converted: dict[datetime, datetime] = {}
-    return [converted[m] if m in converted else converted.setdefault(m, to_db(m)) for m in moments]
 
 
 def _without_conflicts(claims_in: list[tuple[int, ClaimEvent]]) -> list[ClaimEvent] | None:

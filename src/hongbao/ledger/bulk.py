@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from hongbao.ledger.records import CLAIM_REFERENCE_PREFIX, claim_reference
+from hongbao.ledger.records import CLAIM_REFERENCE_PREFIX, claim_reference, map_distinct
 from hongbao.ledger.schema import Timestamp, claims, entries, packets, shares, wallets
 
 #: one list per column, all of one length
@@ -356,7 +356,7 @@ class ValuesBulk:
 
     async def insert_claims(self, rows: Columns, now: datetime) -> None:
         packet_ids, share_idxs, user_ids, amounts, claimed_at, actors = rows
-        at = list(map(self.time, claimed_at))
+        at = map_distinct(self.time, claimed_at)
         await self.run(
             self.insert(claims, CLAIM_COLUMNS), [packet_ids, share_idxs, user_ids, amounts, at]
         )
@@ -375,7 +375,7 @@ class ValuesBulk:
 
     async def insert_entries(self, rows: Columns) -> None:
         *first, created_at = rows
-        at = list(map(self.time, created_at))
+        at = map_distinct(self.time, created_at)
         await self.run(self.insert(entries, ENTRY_COLUMNS), [*first, at])
 
     async def credit(self, users: Sequence[str], amounts: Sequence[int], now: datetime) -> None:

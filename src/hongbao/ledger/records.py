@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -14,6 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from hongbao.ledger.schema import packets
 
 T = TypeVar("T")
+H = TypeVar("H", bound=Hashable)
+U = TypeVar("U")
 CHUNK = 500  # rows per IN (...) list or executemany slice
 
 
@@ -26,6 +28,13 @@ def to_db(moment: datetime) -> datetime:
     if moment.tzinfo is UTC:  # the usual case, one call a claim: skip the conversion
         return moment.replace(tzinfo=None)
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def map_distinct(convert: Callable[[H], U], values: Iterable[H]) -> list[U]:
+    """`[convert(v) for v in values]`, converting each distinct value once: for values a
+    batch repeats, such as the claim times dozens of claims share."""
+    done: dict[H, U] = {}
+    return [done[v] if v in done else done.setdefault(v, convert(v)) for v in values]
 
 
 def from_db(moment: datetime) -> datetime:
