@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -59,8 +59,10 @@ class PacketRecord:
     request_hash: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimEvent:
+class ClaimEvent(NamedTuple):
+    """A claim to settle. A named tuple, not a frozen dataclass: the persister makes one
+    per claim, and a frozen dataclass's __init__ sets each field through a call."""
+
     packet_id: str
     share_idx: int
     user_id: str
