@@ -296,7 +296,13 @@ class ValuesBulk:
     def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
         to_db = Timestamp.dialect_impl(conn.dialect).bind_processor(conn.dialect)
-        self.time: Callable[[Any], Any] = to_db or (lambda moment: moment)
+        #: a time as the driver takes it (each distinct time converted once a batch)
+        self.time: Callable[[Any], Any] = to_db or self.time_text
+
+    @staticmethod
+    def time_text(moment: datetime) -> Any:
+        """A time as a parameter of the dialect that has no bind processor of its own."""
+        return moment
 
     def values(self, width: int, n: int, constructor: str = "") -> str:
         one = constructor + "(" + ", ".join([self.mark] * width) + ")"
@@ -415,6 +421,14 @@ class SqliteBulk(ValuesBulk):
 
 class MariaDbBulk(ValuesBulk):
     mark = "%s"
+
+    @staticmethod
+    def time_text(moment: datetime) -> Any:
+        """DATETIME(6) text: the driver quotes a string for the statement, where it
+        formats a datetime field by field for every row that holds it (a third of the
+        persister's CPU on MariaDB, py-spy)."""
+        return moment.isoformat(" ", "microseconds")
+
     distinct = "NOT ({0} <=> {1})"
     max_params = 65_535  # placeholders in one MySQL/MariaDB statement
     upsert_wallets = (
