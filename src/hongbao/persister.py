@@ -246,8 +246,8 @@ class Persister:
 
     async def _apply_in_slices(self, events: list[LedgerEvent]) -> list[str | None]:
         """The events in `self.lanes` lanes at once (`packet_lanes`), each lane's in slices of
-        at most a batch: a grant entry holds up to a coalesced batch of claims, and
-        transactions stay bounded. Waits for every lane before it raises."""
+        at most `transaction_claims`: a grant entry holds up to a coalesced batch of
+        claims, and transactions stay bounded. Waits for every lane before it raises."""
         size = self.transaction_claims
 
         async def lane(part: list[LedgerEvent]) -> list[str | None]:
