@@ -6,10 +6,11 @@ the new claims and ledger entries, credit the wallets and update the packets. Ea
 is judged in Python, in batch order, between the lookup and the writes.
 
 The usual batch, in which every claim is new, needs no lookup of the claims: if its
-claims conflict with none of each other and name shares of the amounts they claim, they
-are inserted in a savepoint, and the ledger's unique keys refuse the batch if any claim
-is not new (a replay after a crash, or a claim Redis should never have granted). Then,
-and only then, the savepoint is undone and the batch looked up and judged claim by claim.
+claims conflict with none of each other, they are inserted in a savepoint, checked
+against their shares' amounts (`Bulk.insert_new_claims`), and the ledger's unique keys
+refuse the batch if any claim is not new (a replay after a crash, or a claim Redis should
+never have granted). Then, and only then, the savepoint is undone and the batch looked
+up and judged claim by claim.
 
 Lock order, so that persisters sharing buckets cannot deadlock: packets in id order
 (FOR UPDATE on PostgreSQL and MariaDB; SQLite locks the whole database), then wallets
@@ -97,10 +98,10 @@ class ApplyBatch:
         self, claims_in: list[tuple[int, ClaimEvent]], now: datetime
     ) -> list[ClaimEvent] | None:
         """The usual batch, in which every claim is new, without the lookup: if no two
-        claims conflict, and each names a share of the amount it claims, all are
-        inserted at once, in a savepoint. A unique key of the ledger refusing one (a
-        replay, or a share or user claimed before) undoes that, and returns None, as
-        does a conflict or a share that differs: then `_check_claims` judges each."""
+        claims conflict, all are inserted at once, in a savepoint, if each names a share
+        of the amount it claims. A unique key of the ledger refusing one (a replay, or a
+        share or user claimed before) undoes that, and returns None, as does a conflict
+        or a share that differs: then `_check_claims` judges each."""
         if not claims_in:
             return []
         distinct = _without_conflicts(claims_in)
