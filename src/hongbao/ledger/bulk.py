@@ -27,7 +27,15 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger.records import CLAIM_REFERENCE_PREFIX, claim_reference, map_distinct
-from hongbao.ledger.schema import Timestamp, claims, entries, packets, shares, wallets
+from hongbao.ledger.schema import (
+    CLAIM_KIND,
+    Timestamp,
+    claims,
+    entries,
+    packets,
+    shares,
+    wallets,
+)
 
 #: one list per column, all of one length
 Columns = Sequence[Sequence[Any]]
@@ -178,7 +186,7 @@ def _pg_insert_claims(checked: bool) -> sa.Insert:
         sa.select(
             reference,
             rows.c.user_id,
-            sa.literal("claim", entries.c.kind.type),
+            sa.literal(CLAIM_KIND, entries.c.kind.type),
             rows.c.amount,
             rows.c.packet_id,
             rows.c.actor,
@@ -369,7 +377,7 @@ class ValuesBulk:
         references = list(map(claim_reference, packet_ids, share_idxs))
         n = len(references)
         await self.insert_entries(
-            [references, user_ids, ["claim"] * n, amounts, packet_ids, actors, [now] * n]
+            [references, user_ids, [CLAIM_KIND] * n, amounts, packet_ids, actors, [now] * n]
         )
 
     async def insert_new_claims(self, rows: Columns, now: datetime) -> bool:

@@ -32,9 +32,7 @@ def rewrite_sqlite_table(table: str, old: str, new: str) -> None:
     Kinds Of Table Schema Changes"), or putting one back that the rows are known to meet.
     """
     bind = op.get_bind()
-    table_sql = bind.exec_driver_sql(
-        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-    ).scalar_one()
+    table_sql = _sqlite_table_sql(table)
     if old not in table_sql:
         raise RuntimeError(f"{table} has no {old!r} to replace: {table_sql}")
     version = bind.exec_driver_sql("PRAGMA schema_version").scalar_one()
@@ -61,9 +59,7 @@ def rebuild_sqlite_table(table: str, edit: Callable[[str], str]) -> None:
     its columns in the same order.
     """
     bind = op.get_bind()
-    table_sql = bind.exec_driver_sql(
-        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-    ).scalar_one()
+    table_sql = _sqlite_table_sql(table)
     if not table_sql.startswith("CREATE TABLE "):
         raise RuntimeError(f"{table} is not created as expected: {table_sql}")
     indexes = [
@@ -83,3 +79,15 @@ def rebuild_sqlite_table(table: str, edit: Callable[[str], str]) -> None:
     bind.exec_driver_sql(f"ALTER TABLE {rebuilt} RENAME TO {table}")
     for sql in indexes:
         bind.exec_driver_sql(sql)
+
+
+def _sqlite_table_sql(table: str) -> str:
+    """The CREATE TABLE statement SQLite keeps for `table`."""
+    sql: str = (
+        op.get_bind()
+        .exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        )
+        .scalar_one()
+    )
+    return sql
