@@ -111,3 +111,35 @@ async def test_several_queues_flow_on_in_one_transaction(ledger: SqlLedger) -> N
     assert [(q[0].subject, numbers(q)) for q in nexts] == [("packet:p3", [3]), ("packet:p1", [3])]
     stats = await store.stats()
     assert (stats.pending, stats.delivered) == (5, 4)
+
+
+async def test_the_heads_of_every_endpoint_and_subject_are_found_oldest_first(
+    ledger: SqlLedger,
+) -> None:
+    for endpoint in ("we_b", "we_a"):
+        await add_endpoint(ledger, endpoint, ["claim.settled"])
+    store = WebhookStore(ledger)
+    for packet_id, count in (("p3", 3), ("p1", 2), ("p2", 4)):
+        await emit(ledger, packet_id, 1, count)
+
+    def seen(queues: list[list[LeasedDelivery]]) -> list[tuple[str, str, list[int]]]:
+        return [(q[0].endpoint.id, q[0].subject, numbers(q)) for q in queues]
+
+    # p3's events came first: its two queues' heads are the oldest
+    first = await store.lease("x", heads=2, batch=1, lease_for=LEASE)
+    assert sorted(seen(first)) == [("we_a", "packet:p3", [1]), ("we_b", "packet:p3", [1])]
+    # the rest, oldest head first; p3's queues are held, the deliveries behind them no heads
+    rest = await store.lease("y", heads=10, batch=10, lease_for=LEASE)
+    heads = [q[0].delivery_id for q in [*first, *rest]]
+    assert heads == sorted(heads)
+    assert sorted(seen(rest)) == [
+        ("we_a", "packet:p1", [1, 2]),
+        ("we_a", "packet:p2", [1, 2, 3, 4]),
+        ("we_b", "packet:p1", [1, 2]),
+        ("we_b", "packet:p2", [1, 2, 3, 4]),
+    ]
+    assert await store.lease("z", heads=10, batch=10, lease_for=LEASE) == []
+    # a queue given back is found again, from its head
+    await store.settle("x", [], [], [first[0][0].delivery_id])
+    again = await store.lease("z", heads=10, batch=10, lease_for=LEASE)
+    assert seen(again) == [(first[0][0].endpoint.id, "packet:p3", [1, 2, 3])]

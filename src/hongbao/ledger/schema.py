@@ -320,8 +320,9 @@ webhook_deliveries = sa.Table(
     sa.UniqueConstraint("endpoint_id", "event_id", name="uq_delivery_endpoint_event"),
     #: the due ones, oldest first
     sa.Index("ix_deliveries_due", "status", "next_attempt_at"),
-    #: an endpoint's subject in order: is an earlier delivery of it still pending?
-    sa.Index("ix_deliveries_subject", "endpoint_id", "subject", "status", "id"),
+    #: the pending deliveries of an (endpoint, subject) in order, and the subjects with
+    #: pending deliveries one after another (the queues' heads, see webhook_leases)
+    sa.Index("ix_deliveries_queue", "status", "endpoint_id", "subject", "id"),
     #: an event's deliveries: does any remain (pruning), and the foreign key's checks
     sa.Index("ix_deliveries_event", "event_id"),
 )

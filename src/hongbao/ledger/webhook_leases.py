@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -145,17 +146,13 @@ async def settle(
 async def _subject_head(
     conn: AsyncConnection, now: datetime, endpoint_id: str, subject: str
 ) -> int | None:
-    """The id of the first due, unleased pending delivery of (endpoint, subject), locked
-    (None if another dispatcher locks it); `_queues` checks that no earlier one waits."""
+    """The id of the first pending delivery of (endpoint, subject), locked (the next one
+    if another dispatcher locks it); `_queues` leases from it only if it is the first,
+    due and unleased. One index probe: the due and lease conditions are left out, since
+    SQLite would rather walk every due delivery in `ix_deliveries_due` to apply them."""
     query = (
         sa.select(_D.c.id)
-        .where(
-            _D.c.endpoint_id == endpoint_id,
-            _D.c.subject == subject,
-            _D.c.status == "pending",
-            _D.c.next_attempt_at <= now,
-            sa.or_(_D.c.leased_until.is_(None), _D.c.leased_until < now),
-        )
+        .where(_D.c.status == "pending", _D.c.endpoint_id == endpoint_id, _D.c.subject == subject)
         .order_by(_D.c.id)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -164,28 +161,88 @@ async def _subject_head(
     return None if head is None else int(head)
 
 
+def _queue_heads() -> sa.CTE:
+    """The first pending delivery of each (endpoint, subject) that has one: (id,
+    endpoint_id, subject). A recursive walk of `ix_deliveries_queue` that steps from one
+    subject's first pending delivery to the next subject's, one index probe a subject,
+    however many deliveries wait behind each."""
+    pending = _D.c.status == "pending"
+    first = (
+        sa.select(_D.c.id, _D.c.endpoint_id, _D.c.subject)
+        .where(pending)
+        .order_by(_D.c.endpoint_id, _D.c.subject, _D.c.id)
+        .limit(1)
+        .subquery("first")
+    )
+    heads = sa.select(first.c.id, first.c.endpoint_id, first.c.subject).cte("heads", recursive=True)
+    h = heads.alias("h")
+    n = _D.alias("n")
+    # the next subject: a later one of the same endpoint, or the first of a later
+    # endpoint (two probes, where one row comparison would not use the index on SQLite)
+    same_endpoint = (
+        sa.select(n.c.id)
+        .where(
+            n.c.status == "pending", n.c.endpoint_id == h.c.endpoint_id, n.c.subject > h.c.subject
+        )
+        .order_by(n.c.subject, n.c.id)
+        .limit(1)
+        .correlate(h)
+        .scalar_subquery()
+    )
+    later_endpoint = (
+        sa.select(n.c.id)
+        .where(n.c.status == "pending", n.c.endpoint_id > h.c.endpoint_id)
+        .order_by(n.c.endpoint_id, n.c.subject, n.c.id)
+        .limit(1)
+        .correlate(h)
+        .scalar_subquery()
+    )
+    d = _D.alias("d")
+    step = sa.select(d.c.id, d.c.endpoint_id, d.c.subject).select_from(
+        h.join(d, d.c.id == sa.func.coalesce(same_endpoint, later_endpoint))
+    )
+    return heads.union_all(step)
+
+
+def _due(now: Any) -> tuple[sa.ColumnElement[bool], ...]:
+    """A delivery is due at `now` and nobody holds it."""
+    return (
+        _D.c.next_attempt_at <= now,
+        sa.or_(_D.c.leased_until.is_(None), _D.c.leased_until < now),
+    )
+
+
+def _due_queue_heads() -> sa.Select[Any]:
+    """`_queue_heads` that are due at :now and unleased, oldest first, at most :limit.
+    Built once: the dispatcher asks at every poll."""
+    heads = _queue_heads()
+    return (
+        sa.select(_D.c.id)
+        .join(heads, heads.c.id == _D.c.id)
+        .where(*_due(sa.bindparam("now", type_=_D.c.next_attempt_at.type)))
+        .order_by(_D.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
+
+
+_DUE_QUEUE_HEADS = _due_queue_heads()
+
+
 async def _due_heads(conn: AsyncConnection, now: datetime, limit: int) -> list[int]:
     """The ids of due, unleased deliveries with no earlier pending delivery of their
     (endpoint, subject), oldest first, locked (skipping those another dispatcher locks)."""
-    earlier = _D.alias("earlier")
-    query = (
+    candidates = [
+        int(i) for i in await conn.scalars(_DUE_QUEUE_HEADS, {"now": now, "limit": limit})
+    ]
+    if not candidates:
+        return []
+    locked = (
         sa.select(_D.c.id)
-        .where(
-            _D.c.status == "pending",
-            _D.c.next_attempt_at <= now,
-            sa.or_(_D.c.leased_until.is_(None), _D.c.leased_until < now),
-            ~sa.exists().where(
-                earlier.c.endpoint_id == _D.c.endpoint_id,
-                earlier.c.subject == _D.c.subject,
-                earlier.c.status == "pending",
-                earlier.c.id < _D.c.id,
-            ),
-        )
+        .where(among(conn, _D.c.id, candidates), _D.c.status == "pending", *_due(now))
         .order_by(_D.c.id)
-        .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return [int(i) for i in await conn.scalars(query)]
+    return [int(i) for i in await conn.scalars(locked)]
 
 
 async def _queues(
@@ -194,7 +251,7 @@ async def _queues(
     """For each head, it and the pending deliveries after it of its (endpoint, subject),
     while they are due and unleased, at most `batch`: [(delivery id, event id)] each. A
     head that is not its queue's first pending delivery leases nothing. One short read
-    per head (an index range of `ix_deliveries_subject`), whatever the backlog."""
+    per head (an index range of `ix_deliveries_queue`), whatever the backlog."""
     pairs = (
         await conn.execute(
             sa.select(_D.c.id, _D.c.endpoint_id, _D.c.subject).where(among(conn, _D.c.id, heads))
