@@ -61,7 +61,7 @@ async def settle_and_lease_next(
     now = utcnow()
     heads = []
     for _, last in finished:
-        head = await _subject_head(conn, now, last.endpoint.id, last.subject)
+        head = await _subject_head(conn, last.endpoint.id, last.subject)
         if head is not None:
             heads.append(head)
     queues = await _lease(conn, owner, now, sorted(heads), batch, lease_for)
@@ -143,9 +143,7 @@ async def settle(
         )
 
 
-async def _subject_head(
-    conn: AsyncConnection, now: datetime, endpoint_id: str, subject: str
-) -> int | None:
+async def _subject_head(conn: AsyncConnection, endpoint_id: str, subject: str) -> int | None:
     """The id of the first pending delivery of (endpoint, subject), locked (the next one
     if another dispatcher locks it); `_queues` leases from it only if it is the first,
     due and unleased. One index probe: the due and lease conditions are left out, since
