@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
 from typer.testing import CliRunner
 
 from hongbao.cli import app
-from hongbao_bench.settle_scenario import own_database
+from hongbao.ledger.schema import claims
+from hongbao_bench.settle_scenario import LOOKBACK_IDS, _read_settled, _Samples, own_database
 from tests.conftest import IN_CI
 
 POSTGRES_URL = os.environ.get(
@@ -74,3 +77,37 @@ def test_the_scenario_streams_live_in_the_next_redis_database() -> None:
     assert own_database(f"{socket}?db=0") == f"{socket}?db=1"
     with pytest.raises(ValueError, match="one-server"):
         own_database("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
+
+
+async def test_the_storm_sampler_sees_rows_that_commit_out_of_id_order(tmp_path: Path) -> None:
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'claims.db'}")
+    async with engine.begin() as conn:
+        await conn.run_sync(claims.create)
+    now = datetime.now(UTC).replace(tzinfo=None)
+
+    async def commit(*ids: int) -> None:
+        rows = [
+            {"id": i, "packet_id": "p", "share_idx": i, "user_id": f"u{i}", "amount": 1}
+            for i in ids
+        ]
+        async with engine.begin() as conn:
+            await conn.execute(claims.insert(), [{**r, "claimed_at": now} for r in rows])
+
+    samples = _Samples()
+    try:
+        await commit(1, 2, 3, 6, 7)  # 4 and 5: another lane's transaction, in flight
+        await _read_settled(engine, samples)
+        assert (samples.seen, samples.last_id, samples.unseen_from) == (5, 7, 4)
+        await commit(4, 5, 8)
+        await _read_settled(engine, samples)
+        assert (samples.seen, samples.unseen_from) == (8, 9)
+        # an id no row will ever have holds the next reads back, within the window only
+        await commit(10)
+        await _read_settled(engine, samples)
+        assert (samples.seen, samples.unseen_from) == (9, 9)
+        await commit(10 + LOOKBACK_IDS)
+        await _read_settled(engine, samples)
+        assert (samples.seen, samples.unseen_from) == (10, 11)
+        assert len(samples.lags) == 10 and all(lag >= 0 for lag in samples.lags)
+    finally:
+        await engine.dispose()
