@@ -37,10 +37,11 @@ PacketId = identifier(32)
 Reference = identifier(160)
 IdempotencyKey = identifier(IDEMPOTENCY_KEY_LENGTH)
 
+#: the kind of a claim's ledger entry
+CLAIM_KIND = "claim"
 #: a withdrawal debits the wallet when it is requested; a failed one is reversed (the
 #: money goes back, once)
-ENTRY_KINDS = ("deposit", "send", "claim", "refund", "withdrawal", "reversal")
-CLAIM_KIND = "claim"
+ENTRY_KINDS = ("deposit", "send", CLAIM_KIND, "refund", "withdrawal", "reversal")
 STATUSES = ("active", "exhausted", "expired", "cancelled")
 WITHDRAWAL_STATES = ("requested", "completed", "failed")
 DELIVERY_STATES = ("pending", "delivered", "parked")
