@@ -68,7 +68,7 @@ from hongbao.settings import Settings
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import ClaimValue
 from hongbao.storage.redis import LiveStatus
-from hongbao.webhooks import WebhookEndpoints
+from hongbao.webhooks import AllowedHosts, WebhookEndpoints
 from hongbao.withdrawals import Withdrawals
 
 #: the grab path compares statuses with module constants: reading a member off an Enum
@@ -118,7 +118,7 @@ class Hongbao:
         #: the red-packet record and the daily statements, read from the ledger
         self.history = History(ledger)
         #: the webhook endpoints that receive the ledger's events
-        self.webhooks = WebhookEndpoints(ledger)
+        self.webhooks = WebhookEndpoints(ledger, AllowedHosts.parse(settings.webhook_hosts))
 
     @classmethod
     async def connect(

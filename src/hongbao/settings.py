@@ -71,6 +71,12 @@ CONSUMER_NAME = Allowed(
     words="up to 64 of A-Z a-z 0-9 _ . : @ - (empty: <hostname>-<pid>)",
 )
 
+#: host names, IPv4 and bracketed IPv6 addresses, comma-separated
+WEBHOOK_HOSTS = Allowed(
+    pattern=r"[A-Za-z0-9_.:\[\], -]*",
+    words='host names or addresses, comma-separated; ".example.com" allows its subdomains',
+)
+
 #: HONGBAO_MIN_SHARE, HONGBAO_MAX_SHARE, HONGBAO_MAX_COUNT: the fields of `SplitLimits`
 SPLIT_LIMITS: dict[str, Allowed] = {
     "min_share": Allowed(1, 10_000_000_000),
@@ -150,6 +156,9 @@ class Settings:
     webhook_concurrency: int = field(default=16, metadata=between(1, 1_024))
     #: webhooks: seconds between two looks for due deliveries when there is nothing to send
     webhook_poll_interval: float = field(default=0.25, metadata=between(0.01, 60))
+    #: webhooks: the hosts endpoints may point at, comma-separated; ".example.com" allows
+    #: its subdomains (empty: any host). Keeps an admin's endpoint off internal addresses
+    webhook_hosts: str = field(default="", metadata={ALLOWED: WEBHOOK_HOSTS})
     #: run on a Redis whose maxmemory-policy may evict keys (it may drop a packet's
     #: keys under memory pressure): a loud warning instead of a refusal
     allow_eviction: bool = False

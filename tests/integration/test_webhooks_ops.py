@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import pytest
 
+from hongbao.errors import InvalidRequest
 from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.metrics import Metrics
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
-from hongbao.webhooks import Dispatcher
+from hongbao.webhooks import AllowedHosts, Dispatcher, WebhookEndpoints
 from tests.api.serving import run_cli
 from tests.webhook_receiver import Receiver
 
@@ -86,3 +87,32 @@ async def test_failures_retry_with_backoff_then_park_and_operators_retry_them(
     await dispatch_until(Dispatcher(service.ledger, fast), delivered)
     assert len(receiver.got) == seen + 2 and receiver.refused == []
     assert run_cli("webhooks", "failed", *url).returncode == 0
+
+
+async def test_a_host_left_out_of_the_allowed_hosts_is_neither_registered_nor_sent_to(
+    receiver: Receiver, service: Hongbao, settings: Settings
+) -> None:
+    endpoint = await service.webhooks.create(receiver.url, ["wallet.deposited"])
+    receiver.secrets = [endpoint.secret]
+    await service.deposit("alice", 100)
+    narrowed = replace(
+        settings,
+        webhook_hosts="hooks.example.com, .example.net",
+        webhook_poll_interval=0.02,
+        webhook_retry_seconds=1,
+    )
+    store = WebhookStore(service.ledger)
+
+    async def parked() -> bool:
+        return (await store.stats()).parked == 1
+
+    await dispatch_until(Dispatcher(service.ledger, narrowed), parked)
+    assert receiver.got == []
+    [delivery] = await store.failed()
+    assert "HONGBAO_WEBHOOK_HOSTS" in (delivery.last_error or "")
+
+    guarded = WebhookEndpoints(service.ledger, AllowedHosts.parse(narrowed.webhook_hosts))
+    with pytest.raises(InvalidRequest, match="HONGBAO_WEBHOOK_HOSTS"):
+        await guarded.create(receiver.url, ["wallet.deposited"])
+    made = await guarded.create("https://a.b.example.net/hook", ["wallet.deposited"])
+    assert made.url == "https://a.b.example.net/hook"

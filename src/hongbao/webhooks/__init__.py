@@ -6,9 +6,15 @@ The events are written by the ledger in the transaction of the change they repor
 """
 
 from hongbao.webhooks.dispatcher import Dispatcher, message_body, signature_headers
-from hongbao.webhooks.endpoints import WebhookEndpoints, check_event_types, check_url
+from hongbao.webhooks.endpoints import (
+    AllowedHosts,
+    WebhookEndpoints,
+    check_event_types,
+    check_url,
+)
 
 __all__ = [
+    "AllowedHosts",
     "Dispatcher",
     "WebhookEndpoints",
     "check_event_types",

@@ -45,6 +45,7 @@ from hongbao.ledger.outbox import timestamp
 from hongbao.ledger.webhook_records import EndpointRecord, Failure, LeasedDelivery
 from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.settings import Settings
+from hongbao.webhooks.endpoints import AllowedHosts
 
 log = logging.getLogger("hongbao.webhooks")
 T = TypeVar("T")
@@ -137,6 +138,9 @@ class Dispatcher:
         #: this dispatcher's name on its leases
         self.owner = owner or f"{socket.gethostname()[:24]}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_for = timedelta(seconds=lease_seconds(settings))
+        #: checked before every send too: the setting may have narrowed since an
+        #: endpoint was registered
+        self.hosts = AllowedHosts.parse(settings.webhook_hosts)
         self.sent = 0
         self.failed = 0
         self._stop = asyncio.Event()
@@ -257,6 +261,8 @@ class Dispatcher:
 
     async def send(self, client: aiohttp.ClientSession, delivery: LeasedDelivery) -> Attempt:
         """One signed POST of a delivery."""
+        if not self.hosts.allows_url(delivery.endpoint.url):
+            return Attempt(None, "the endpoint's host is not in HONGBAO_WEBHOOK_HOSTS")
         body = message_body(delivery)
         now = datetime.now(UTC)
         headers = signature_headers(delivery.id, delivery.endpoint.signing_secrets(now), now, body)

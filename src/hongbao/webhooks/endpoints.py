@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -30,8 +31,45 @@ def new_endpoint_id() -> str:
     return "we_" + new_event_id().removeprefix("evt_").lower()
 
 
-def check_url(url: object) -> str:
-    """An http(s) URL with a host and no credentials; InvalidRequest naming `url`."""
+@dataclass(frozen=True)
+class AllowedHosts:
+    """The hosts webhooks may go to (HONGBAO_WEBHOOK_HOSTS): names and addresses, and
+    ".example.com" for its subdomains. With none named, any host is allowed."""
+
+    exact: frozenset[str] = frozenset()
+    suffixes: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str) -> AllowedHosts:
+        names = [n.strip().strip("[]").rstrip(".").lower() for n in spec.split(",")]
+        return cls(
+            frozenset(n for n in names if n and not n.startswith(".")),
+            tuple(n for n in names if n.startswith(".")),
+        )
+
+    def allows(self, host: str) -> bool:
+        """Whether `host` (as urlsplit gives it: lower case, no brackets) is allowed."""
+        if not self.exact and not self.suffixes:
+            return True
+        host = host.rstrip(".")
+        return host in self.exact or host.endswith(self.suffixes)
+
+    def allows_url(self, url: str) -> bool:
+        if not self.exact and not self.suffixes:
+            return True
+        try:
+            host = urlsplit(url).hostname
+        except ValueError:
+            return False
+        return host is not None and self.allows(host)
+
+
+ANY_HOST = AllowedHosts()
+
+
+def check_url(url: object, hosts: AllowedHosts = ANY_HOST) -> str:
+    """An http(s) URL with an allowed host and no credentials; InvalidRequest naming
+    `url`."""
     if not isinstance(url, str) or not url:
         raise InvalidRequest("url must be an http:// or https:// URL", "url")
     if len(url) > MAX_URL:
@@ -48,6 +86,12 @@ def check_url(url: object) -> str:
         raise InvalidRequest("url must not carry a user name or password", "url")
     if parts.fragment or any(c.isspace() or ord(c) < 32 for c in url):
         raise InvalidRequest("url must not have a fragment, spaces or control characters", "url")
+    if not hosts.allows(host):
+        raise InvalidRequest(
+            f"url's host {host!r} is not among the hosts webhooks may be sent to "
+            "(HONGBAO_WEBHOOK_HOSTS)",
+            "url",
+        )
     return url
 
 
@@ -66,12 +110,16 @@ def check_event_types(types: object) -> list[str]:
 class WebhookEndpoints:
     """Endpoints of one ledger; each method raises the typed errors of hongbao.errors."""
 
-    def __init__(self, ledger: SqlLedger) -> None:
+    def __init__(self, ledger: SqlLedger, hosts: AllowedHosts = ANY_HOST) -> None:
         self.store = WebhookStore(ledger)
+        self.hosts = hosts
 
     async def create(self, url: str, event_types: Sequence[str]) -> EndpointRecord:
         return await self.store.create_endpoint(
-            new_endpoint_id(), check_url(url), check_event_types(list(event_types)), new_secret()
+            new_endpoint_id(),
+            check_url(url, self.hosts),
+            check_event_types(list(event_types)),
+            new_secret(),
         )
 
     async def list(self) -> list[EndpointRecord]:
