@@ -121,6 +121,10 @@ class SqlLedger:
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
         if full.startswith("sqlite"):
             kwargs["connect_args"] = {"timeout": 30}
+            # a connection keeps its page cache only while no other connection writes:
+            # handing out the connection used last lets a lone writer (the persister)
+            # find the pages of its previous transaction still cached
+            kwargs["pool_use_lifo"] = True
         else:
             kwargs.update(pool_size=pool_size, max_overflow=pool_size)
         if full.startswith("mysql"):
@@ -467,7 +471,8 @@ def _create_private_file(url: sa.URL) -> None:
 
 
 def _tune_sqlite(engine: AsyncEngine) -> None:
-    """WAL, foreign keys, and BEGIN IMMEDIATE for the transactions that write."""
+    """WAL, foreign keys, a larger page cache, and BEGIN IMMEDIATE for the transactions
+    that write."""
 
     @sa_event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -478,6 +483,9 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
             "synchronous=NORMAL",
             "foreign_keys=ON",
             "busy_timeout=30000",
+            # up to 64 MiB of pages a connection (SQLite's default: 2 MiB), grown as
+            # used: the user-ordered indexes of a large ledger change pages all over
+            "cache_size=-65536",
         ):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
