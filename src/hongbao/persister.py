@@ -66,10 +66,9 @@ def collector_paused() -> Iterator[None]:
 
     A batch allocates a few objects a claim (entries, claim events, column lists), none in
     a reference cycle: reference counting frees each when the batch is done. Collections
-    that so many allocations would set off walk them all for nothing (about a fifth of
-    the persister's CPU on PostgreSQL). Cycles that other code of the process makes
-    meanwhile wait for the next collection. Nests, and holds across threads: the
-    collector is back on when the last batch in the process is done."""
+    that so many allocations would set off walk them all for nothing. Cycles that other
+    code of the process makes meanwhile wait for the next collection. Nests, and holds
+    across threads: the collector is back on when the last batch in the process is done."""
     global _paused
     with _paused_lock:
         # switched off by someone else: theirs to switch on
