@@ -47,15 +47,19 @@ class AllowedHosts:
             tuple(n for n in names if n.startswith(".")),
         )
 
+    @property
+    def any_host(self) -> bool:
+        return not self.exact and not self.suffixes
+
     def allows(self, host: str) -> bool:
         """Whether `host` (as urlsplit gives it: lower case, no brackets) is allowed."""
-        if not self.exact and not self.suffixes:
+        if self.any_host:
             return True
         host = host.rstrip(".")
         return host in self.exact or host.endswith(self.suffixes)
 
     def allows_url(self, url: str) -> bool:
-        if not self.exact and not self.suffixes:
+        if self.any_host:  # no parsing of every URL when nothing is restricted
             return True
         try:
             host = urlsplit(url).hostname
