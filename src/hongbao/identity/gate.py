@@ -26,6 +26,9 @@ from hongbao.identity.tickets import Tickets
 from hongbao.identity.verify import TokenVerifier, UnknownKeyId
 from hongbao.storage import RedisStore
 
+#: how long `Identity.aclose` waits for the revocations poller to end, seconds
+STOP_WAIT = 5.0
+
 log = logging.getLogger("hongbao.identity")
 
 #: verified tokens kept per process (a few hundred bytes each)
@@ -44,6 +47,7 @@ class Identity:
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Principal] = OrderedDict()
         self._poller: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     # -- life -----------------------------------------------------------------------------
 
@@ -52,19 +56,29 @@ class Identity:
         if self.jwks is not None:
             await self.jwks.refresh()
         await self.revocations.attach(store)
+        self._stopping = asyncio.Event()
         self._poller = asyncio.create_task(self._poll(), name="hongbao-identity")
 
     async def aclose(self) -> None:
+        """Stop polling, waiting at most `STOP_WAIT` for the poller to end. Besides the
+        cancellation, the poller checks `_stopping` at every turn: a cancellation that a
+        Redis call swallows cannot keep it (and shutdown) going."""
         if self._poller is not None:
+            self._stopping.set()
             self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            done, _ = await asyncio.wait([self._poller], timeout=STOP_WAIT)
+            for task in done:
+                with contextlib.suppress(asyncio.CancelledError):
+                    task.result()
             self._poller = None
 
     async def _poll(self) -> None:
         failing = False
         while True:
-            await asyncio.sleep(POLL_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), POLL_INTERVAL)
+            if self._stopping.is_set():
+                return
             try:
                 await self.revocations.poll()
                 failing = False
