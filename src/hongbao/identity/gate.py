@@ -61,8 +61,9 @@ class Identity:
 
     async def aclose(self) -> None:
         """Stop polling, waiting at most `STOP_WAIT` for the poller to end. Besides the
-        cancellation, the poller checks `_stopping` at every turn: a cancellation that a
-        Redis call swallows cannot keep it (and shutdown) going."""
+        cancellation, the poller checks `_stopping` at every turn: on Python 3.11, redis-py
+        sends a command inside `asyncio.wait_for`, which drops a cancellation that arrives
+        as the send completes (fixed in 3.12), and the poller would go on polling."""
         if self._poller is not None:
             self._stopping.set()
             self._poller.cancel()
