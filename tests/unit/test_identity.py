@@ -23,7 +23,7 @@ from hongbao.identity.gate import Identity, bearer_token
 from hongbao.identity.mint import key_id, mint_tokens
 from hongbao.identity.principal import Principal
 from hongbao.identity.redact import RedactCredentials, redact
-from hongbao.identity.verify import OLD_FORMAT
+from hongbao.identity.verify import OLD_FORMAT, _hmac_key
 from tests.tokens import ADMIN, SERVICE, hs256, mint, public_jwk
 
 SECRET = b"identity-unit-tests-secret-0123456789abcdef"
@@ -307,3 +307,21 @@ async def test_a_provider_that_is_down_is_not_asked_again_and_again(tmp_path: Pa
     assert not keys.stale and keys.keys == {}
     assert not await keys.refresh_for("k1")
     assert not await keys.refresh_for("k1")  # within min_refresh: not fetched at all
+
+
+def test_an_hs256_key_is_prepared_once_and_others_still_checked() -> None:
+    key = _hmac_key(SECRET)
+    algorithm = key.Algorithm
+    assert algorithm.prepare_key(key.key) is algorithm.prepare_key(key.key)
+    # any other key goes through PyJWT's own checks: a public key is no HMAC secret
+    pem = (
+        KEYS["RS256"]
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    with pytest.raises(jwt.InvalidKeyError):
+        algorithm.prepare_key(pem)
+    token = hs256("a", SECRET)
+    assert jwt.decode(token, key, algorithms=["HS256"])["sub"] == "a"
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(hs256("a", OLD_SECRET), key, algorithms=["HS256"])
