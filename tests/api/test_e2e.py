@@ -33,6 +33,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 GRABBERS = 1_000
 SHARES = 100
+#: the clients drop an idle connection after 2 s, before uvicorn closes it (5 s): a
+#: request sent on a connection the server is closing would fail with "Server
+#: disconnected without sending a response"
+CLIENT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2)
 
 
 def auth(token: str) -> dict[str, str]:
@@ -63,8 +67,7 @@ async def drive(server: Serve) -> dict[str, Any]:
     minted = server.tokens("sender", "other", *users)
     sender, other, grabbers = minted[0], minted[1], minted[2:]
     assert len(grabbers) == GRABBERS
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, limits=CLIENT_LIMITS, timeout=30) as client:
         r = await client.post(
             "/v1/wallets/sender/deposits", json={"amount": 1_000_000}, headers=auth(admin)
         )
@@ -245,7 +248,9 @@ def test_serve_end_to_end_and_restart(tmp_path: Path) -> None:
         [admin] = again.tokens("admin", admin=True)
 
         async def after() -> dict[str, Any]:
-            async with httpx.AsyncClient(base_url=again.url, timeout=30) as client:
+            async with httpx.AsyncClient(
+                base_url=again.url, limits=CLIENT_LIMITS, timeout=30
+            ) as client:
                 packets = [k.split(":", 1)[1] for k in before if k.startswith("packet:")]
                 users = [k.split(":", 1)[1] for k in before if k.startswith("wallet:")]
                 return await snapshot(client, admin, packets, users)
@@ -515,7 +520,7 @@ def test_a_worker_joins_the_embedded_server_of_a_running_serve(tmp_path: Path) -
 
 async def grab_all(server: Serve, packet_id: str, tokens: list[str]) -> dict[str, int]:
     """Every token grabs once, all at once; the amount each acknowledged grab got."""
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, limits=CLIENT_LIMITS, timeout=30) as client:
         answers = await asyncio.gather(
             *(client.post(f"/v1/packets/{packet_id}/grab", headers=auth(t)) for t in tokens)
         )
