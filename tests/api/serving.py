@@ -23,6 +23,12 @@ from hongbao.serving.embedded import ledger_url
 SCRIPT = Path(sys.executable).parent / "hongbao"
 
 
+#: the clients drop an idle connection after 2 s, before uvicorn closes it (5 s): a
+#: request sent on a connection the server is closing would fail with "Server
+#: disconnected without sending a response"
+CLIENT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2)
+
+
 def command() -> list[str]:
     """The `hongbao` console script of this venv (or `python -m hongbao.cli` without one)."""
     return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hongbao.cli"]

@@ -18,6 +18,7 @@ import pytest
 
 from hongbao.metrics import PUBLISH_SECONDS
 from tests.api.serving import (
+    CLIENT_LIMITS,
     Serve,
     audit,
     clean_env,
@@ -33,10 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 GRABBERS = 1_000
 SHARES = 100
-#: the clients drop an idle connection after 2 s, before uvicorn closes it (5 s): a
-#: request sent on a connection the server is closing would fail with "Server
-#: disconnected without sending a response"
-CLIENT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2)
 
 
 def auth(token: str) -> dict[str, str]:
@@ -276,7 +273,7 @@ def _send_grab_expire(server: Serve) -> None:
     """A send, a grab and an expiry refund: proves the persister and sweeper run somewhere."""
     [admin] = server.tokens("admin", admin=True)
     sender, grabber = server.tokens("sender", "grabber")
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+    with httpx.Client(base_url=server.url, limits=CLIENT_LIMITS, timeout=30) as client:
         r = client.post("/v1/wallets/sender/deposits", json={"amount": 1000}, headers=auth(admin))
         assert r.status_code == 201, r.text
         r = client.post(
@@ -359,7 +356,9 @@ def test_api_processes_share_the_connections_and_a_dead_one_is_replaced(tmp_path
         assert niceness_below(server, workers) == [8, 8]
         # each worker accepts on a socket of its own (SO_REUSEPORT): 40 connections opened
         # together are spread across both (fewer than 8 on one: odds ~1e-5 if random)
-        clients = [httpx.Client(base_url=server.url, timeout=10) for _ in range(40)]
+        clients = [
+            httpx.Client(base_url=server.url, limits=CLIENT_LIMITS, timeout=10) for _ in range(40)
+        ]
         try:
             for client in clients:
                 assert client.get("/healthz").status_code == 200
@@ -550,7 +549,7 @@ def test_serve_killed_leaves_nothing_running_and_its_next_run_settles_at_once(
         [admin] = crashed.tokens("admin", admin=True)
         [sender] = crashed.tokens("sender")
         tokens = crashed.tokens(*(f"g{i}" for i in range(200)))
-        with httpx.Client(base_url=crashed.url, timeout=30) as client:
+        with httpx.Client(base_url=crashed.url, limits=CLIENT_LIMITS, timeout=30) as client:
             r = client.post(
                 "/v1/wallets/sender/deposits", json={"amount": 2000}, headers=auth(admin)
             )

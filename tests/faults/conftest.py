@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import claims, entries, packets, wallets
-from tests.api.serving import NO_RATE_LIMITS, clean_env, command
+from tests.api.serving import CLIENT_LIMITS, NO_RATE_LIMITS, clean_env, command
 from tests.servers import RedisNode, _valkey_bin, find_server_binary, free_port
 from tests.tokens import hs256
 
@@ -368,7 +368,7 @@ def setup_packets(
     (admin,) = tokens("admin", admin=True)
     (sender,) = tokens("sender")
     total = total or count * 100
-    with httpx.Client(base_url=url, timeout=30) as http:
+    with httpx.Client(base_url=url, limits=CLIENT_LIMITS, timeout=30) as http:
         r = http.post(
             "/v1/wallets/sender/deposits",
             json={"amount": total * n_packets},

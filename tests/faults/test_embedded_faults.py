@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from hongbao.serving.embedded import ledger_url, socket_url
-from tests.api.serving import Serve, clean_env, run_cli, servers_for
+from tests.api.serving import CLIENT_LIMITS, Serve, clean_env, run_cli, servers_for
 from tests.faults.conftest import BUCKETS, SECRET, Load, measure, setup_packets, tokens
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
@@ -43,7 +43,7 @@ def first_grab_after(url: str, packet_id: str, user: str, within: float) -> floa
     """Seconds until a grab by `user` is answered 200, trying every 20 ms."""
     (token,) = tokens(user)
     started = time.monotonic()
-    with httpx.Client(base_url=url, timeout=5) as http:
+    with httpx.Client(base_url=url, limits=CLIENT_LIMITS, timeout=5) as http:
         while time.monotonic() - started < within:
             try:
                 r = http.post(

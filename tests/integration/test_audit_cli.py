@@ -8,7 +8,7 @@ import httpx
 import pytest
 import redis
 
-from tests.api.serving import Serve, run_cli, servers_for
+from tests.api.serving import CLIENT_LIMITS, Serve, run_cli, servers_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -21,7 +21,7 @@ def test_audit_and_recover_while_serving_embedded(tmp_path: Path) -> None:
             *srv.tokens("sender"),
             *srv.tokens("alice"),
         )
-        with httpx.Client(base_url=srv.url, timeout=10) as http:
+        with httpx.Client(base_url=srv.url, limits=CLIENT_LIMITS, timeout=10) as http:
             r = http.post(
                 "/v1/wallets/sender/deposits",
                 json={"amount": 1000},
@@ -52,7 +52,7 @@ def test_audit_and_recover_while_serving_embedded(tmp_path: Path) -> None:
         assert "rebuilt 1 packet(s)" in fixed.stdout
         again = run_cli("recover", "--data-dir", str(data))
         assert again.returncode == 0 and "rebuilt 0 packet(s)" in again.stdout
-        with httpx.Client(base_url=srv.url, timeout=10) as http:
+        with httpx.Client(base_url=srv.url, limits=CLIENT_LIMITS, timeout=10) as http:
             repeat = http.post(
                 f"/v1/packets/{pid}/grab", headers={"Authorization": f"Bearer {alice}"}
             ).json()

@@ -13,7 +13,7 @@ from hongbao.audit import audit
 from hongbao.domain.withdrawals import Withdrawal, WithdrawalStatus
 from hongbao.errors import InsufficientBalance, WithdrawalAlreadyCompleted
 from hongbao.service import Hongbao
-from tests.api.serving import Serve, run_cli
+from tests.api.serving import CLIENT_LIMITS, Serve, run_cli
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
 
@@ -66,7 +66,7 @@ def test_hongbao_audit_is_clean_with_withdrawals_in_every_state(tmp_path: Path) 
         minted = run_cli("token", "payments", "--service", "--data-dir", str(data), env=srv.env)
         as_admin = {"Authorization": f"Bearer {admin}"}
         as_payments = {"Authorization": f"Bearer {minted.stdout.strip()}"}
-        with httpx.Client(base_url=srv.url, timeout=10) as http:
+        with httpx.Client(base_url=srv.url, limits=CLIENT_LIMITS, timeout=10) as http:
             r = http.post("/v1/wallets/alice/deposits", json={"amount": 1000}, headers=as_admin)
             assert r.status_code == 201, r.text
             ids = []
