@@ -14,6 +14,9 @@ headers announce a body has it read (up to MAX_BODY), and checked after the toke
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hongbao.api.headers import SECURITY_HEADERS
@@ -35,44 +38,72 @@ class GrabFastPath:
         if packet_id is None:
             await self.app(scope, receive, send)
             return
-        authorization = on_behalf_of = length = encoding = content_type = None
-        for name, value in scope["headers"]:
-            # the first of each, as Starlette's headers.get
-            if name == b"authorization":
-                if authorization is None:
-                    authorization = value.decode("latin-1")
-            elif name == b"content-length":
-                if length is None:
-                    length = value.decode("latin-1")
-            elif name == b"x-on-behalf-of":
-                if on_behalf_of is None:
-                    on_behalf_of = value.decode("latin-1")
-            elif name == b"content-type":
-                if content_type is None:
-                    content_type = value.decode("latin-1")
-            elif name == b"transfer-encoding" and encoding is None:
-                encoding = value.decode("latin-1")
+        fields = grab_headers(scope["headers"])
         body = None
-        if has_body(length, encoding):
-            body = GrabBody(content_type or "", await _read_body(receive))
+        if has_body(fields.content_length, fields.transfer_encoding):
+            body = GrabBody(fields.content_type or "", await _read_body(receive))
         client = scope.get("client")
         answer = await self.api.grab_answer(
-            packet_id, authorization, client[0] if client else None, on_behalf_of, body
+            packet_id,
+            fields.authorization,
+            client[0] if client else None,
+            fields.on_behalf_of,
+            body,
         )
         if isinstance(answer, bytes):
-            # in the order a Starlette Response given these headers sends them
-            headers = [*SECURITY_HEADERS, (b"content-length", b"%d" % len(answer)), _JSON]
+            headers = granted_headers(answer)
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": answer})
         else:
             await answer(scope, receive, send)
 
 
+class GrabHeaders(NamedTuple):
+    """The request headers a grab reads: the first of each, as Starlette's headers.get."""
+
+    authorization: str | None
+    on_behalf_of: str | None
+    content_length: str | None
+    transfer_encoding: str | None
+    content_type: str | None
+
+
+def grab_headers(headers: Iterable[tuple[bytes, bytes]]) -> GrabHeaders:
+    """The grab's headers out of ASGI's (lower-case name, value) pairs."""
+    authorization = on_behalf_of = length = encoding = content_type = None
+    for name, value in headers:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value.decode("latin-1")
+        elif name == b"content-length":
+            if length is None:
+                length = value.decode("latin-1")
+        elif name == b"x-on-behalf-of":
+            if on_behalf_of is None:
+                on_behalf_of = value.decode("latin-1")
+        elif name == b"content-type":
+            if content_type is None:
+                content_type = value.decode("latin-1")
+        elif name == b"transfer-encoding" and encoding is None:
+            encoding = value.decode("latin-1")
+    return GrabHeaders(authorization, on_behalf_of, length, encoding, content_type)
+
+
+def granted_headers(answer: bytes) -> list[tuple[bytes, bytes]]:
+    """The headers of a granted grab's 200 carrying `answer`, in the order a Starlette
+    Response given these headers sends them."""
+    return [*SECURITY_HEADERS, (b"content-length", b"%d" % len(answer)), _JSON]
+
+
 def _grab_target(scope: Scope) -> str | None:
     """The packet id of a grab request, or None for anything the router should see."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
         return None
-    path: str = scope["path"]
+    return grab_path_target(scope["path"])
+
+
+def grab_path_target(path: str) -> str | None:
+    """The packet id in a grab's path `/v1/packets/{packet_id}/grab`, else None."""
     if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
         return None
     packet_id = path[len(_PREFIX) : -len(_SUFFIX)]

@@ -38,6 +38,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from hongbao.errors import ConfigurationError
 from hongbao.serving.embedded import parent_death_signal, process_alive
+from hongbao.serving.grab_protocol import GrabProtocol
 
 log = logging.getLogger("hongbao.workers")
 
@@ -63,6 +64,8 @@ def uvicorn_options(
         "lifespan": "on",
         "timeout_graceful_shutdown": SHUTDOWN_TIMEOUT,
         "server_header": False,
+        # uvicorn's httptools protocol, answering plain grabs without an ASGI cycle
+        "http": GrabProtocol,
         "proxy_headers": bool(trusted_proxies),
         "forwarded_allow_ips": ",".join(trusted_proxies) or None,
     }
