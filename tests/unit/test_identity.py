@@ -16,6 +16,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jwt.api_jws import PyJWS
 
 from hongbao.errors import AuthError, Forbidden, InvalidRequest
 from hongbao.identity.config import IdentityConfig
@@ -23,7 +26,7 @@ from hongbao.identity.gate import Identity, bearer_token
 from hongbao.identity.mint import key_id, mint_tokens
 from hongbao.identity.principal import Principal
 from hongbao.identity.redact import RedactCredentials, redact
-from hongbao.identity.verify import OLD_FORMAT, _hmac_key
+from hongbao.identity.verify import OLD_FORMAT, _hmac_key, _RegexSegments
 from tests.tokens import ADMIN, SERVICE, hs256, mint, public_jwk
 
 SECRET = b"identity-unit-tests-secret-0123456789abcdef"
@@ -325,3 +328,33 @@ def test_an_hs256_key_is_prepared_once_and_others_still_checked() -> None:
     assert jwt.decode(token, key, algorithms=["HS256"])["sub"] == "a"
     with pytest.raises(jwt.InvalidSignatureError):
         jwt.decode(hs256("a", OLD_SECRET), key, algorithms=["HS256"])
+
+
+def _segment_outcome(decode: Any, segment: bytes) -> bytes | str:
+    try:
+        decoded: bytes = decode(segment, "payload")
+    except jwt.DecodeError as exc:
+        return f"DecodeError: {exc}"
+    return decoded
+
+
+#: base64url's alphabet (letters whose low bits make a last character non-canonical among
+#: them), its padding, and what it must refuse: standard base64's own two characters, a
+#: dot, a space, a non-ASCII byte
+_SEGMENT_BYTES = st.lists(st.sampled_from(list(b"ABQRgwz_-09=+/. \xff")), max_size=12).map(bytes)
+
+
+@settings(max_examples=1_000)
+@given(segment=_SEGMENT_BYTES | st.binary(max_size=24).map(lambda raw: b64(raw).encode()))
+def test_segments_are_checked_as_pyjwt_checks_them(segment: bytes) -> None:
+    assert _segment_outcome(_RegexSegments._decode_base64url_segment, segment) == (
+        _segment_outcome(PyJWS._decode_base64url_segment, segment)
+    )
+
+
+def test_segments_pyjwt_refuses_are_refused() -> None:
+    for bad in (b"!!!!", b"QQ===", b"Q", b"QQ=", b"QR", b"Q Q", b"QQ+/"):
+        with pytest.raises(jwt.DecodeError):
+            _RegexSegments._decode_base64url_segment(bad, "payload")
+    assert _RegexSegments._decode_base64url_segment(b"QQ", "payload") == b"A"
+    assert _RegexSegments._decode_base64url_segment(b"QQ==", "payload") == b"A"
