@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hongbao.cli import app
 from hongbao_bench.common import Outcome
-from hongbao_bench.peers import PEERS_DIR_ENV, outcomes_of, peers_dir
+from hongbao_bench.peers import HONGBAO_SHARES, PEERS_DIR_ENV, outcomes_of, peers_dir
 from hongbao_bench.report import peers_targets
 
 
@@ -62,6 +62,29 @@ def test_a_peer_whose_claims_do_not_add_up_is_shown_failed() -> None:
     rows["go"][0]["check"] = {"ok": False}
     (row,) = outcomes_of("spread", rows)
     assert row.status == "failed" and "claims off" in row.note
+
+
+def test_a_hongbao_round_may_end_on_refusals_past_its_shares() -> None:
+    rows = run({"hongbao-np": 32_000})
+    grab = rows["hongbao-np"][0]["grab"]
+    assert isinstance(grab, dict)
+    # 320,000 grabs for 300,000 shares: every share granted, then 20,000 refusals
+    grab.update(requests=HONGBAO_SHARES + 20_000, non2xx=20_000)
+    (row,) = outcomes_of("spread", rows)
+    assert row.status == "ok" and "20000 refusals" in row.note
+    assert row.figures["rps"] == pytest.approx(32_000 * 300_000 / 320_000)
+    # one refusal more: a grab refused while a share was left
+    grab.update(non2xx=20_001)
+    (row,) = outcomes_of("spread", rows)
+    assert row.status == "failed" and "20001 non-2xx" in row.note
+    # one fewer: more grants than shares
+    grab.update(non2xx=19_999)
+    (row,) = outcomes_of("spread", rows)
+    assert row.status == "failed"
+    # within the shares, any refusal fails the round
+    grab.update(requests=1_000, non2xx=1)
+    (row,) = outcomes_of("spread", rows)
+    assert row.status == "failed" and row.figures["rps"] == 32_000
 
 
 @pytest.mark.slow
