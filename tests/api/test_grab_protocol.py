@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -48,14 +49,16 @@ class Served:
     client: httpx.AsyncClient
 
 
-async def _serve(app: Starlette, trusted_proxies: list[str]) -> AsyncIterator[Served]:
+async def _serve(
+    app: Starlette, trusted_proxies: list[str], access_log: bool = False
+) -> AsyncIterator[Served]:
     """`app` (its lifespan already running) served by uvicorn with hongbao's options on a
     free loopback port, in this event loop."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     counting = CountingApp(app)
-    options = uvicorn_options("127.0.0.1", port, "warning", False, trusted_proxies)
+    options = uvicorn_options("127.0.0.1", port, "info", access_log, trusted_proxies)
     assert options["http"] is GrabProtocol
     config = uvicorn.Config(counting, **{**options, "lifespan": "off"})
     config.load()
@@ -259,3 +262,25 @@ async def test_trusted_proxies_name_the_client_for_the_address_limit(
             # another forwarded address, from the same proxy: its own rate
             assert (await s.client.post(grab, headers=through("10.0.0.2", "u2"))).status_code == 200
             assert not any("grab" in request for request in s.app.requests)
+
+
+async def test_the_access_log_has_a_line_for_each_grab(
+    app: Starlette, asgi: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    await deposit(asgi, "alice", 1_000)
+    packet = await send(asgi, "alice", total_amount=300, count=3)
+    grab = f"/v1/packets/{packet['id']}/grab"
+    access = logging.getLogger("uvicorn.access")  # uvicorn's config stops its propagation
+    async for s in _serve(app, [], access_log=True):
+        access.addHandler(caplog.handler)
+        try:
+            assert (await s.client.post(grab, headers=bearer("u1"))).status_code == 200
+            assert (await s.client.post(grab)).status_code == 401
+        finally:
+            access.removeHandler(caplog.handler)
+        assert s.app.requests == []
+    records = [r for r in caplog.records if r.name == "uvicorn.access"]
+    assert len(records) == 2
+    lines = [logging.getLogger("uvicorn.access").handlers[0].format(r) for r in records]
+    assert lines[0].startswith("INFO:") and f'"POST {grab} HTTP/1.1" 200' in lines[0]
+    assert f'"POST {grab} HTTP/1.1" 401' in lines[1]

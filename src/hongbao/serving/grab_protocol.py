@@ -184,10 +184,13 @@ class GrabProtocol(HttpToolsProtocol):
         else:
             status, headers, body = answer.status_code, answer.raw_headers, bytes(answer.body)
         if self.access_log:
+            # uvicorn's access line, with its arguments (its formatter unpacks them)
             self.access_logger.info(
-                '%s - "POST %s HTTP/1.1" %d',
+                '%s - "%s %s HTTP/%s" %d',
                 f"{self.client[0]}:{self.client[1]}" if self.client else "-",
+                "POST",
                 f"/v1/packets/{packet_id}/grab",
+                "1.1",
                 status,
             )
         content = [STATUS_LINE[status]]
