@@ -177,8 +177,8 @@ class GrabProtocol(HttpToolsProtocol):
     def _answer(self, cycle: _GrabCycle, answer: bytes | Response, packet_id: str) -> None:
         """Write the grab's response as uvicorn writes one, then let the connection go on."""
         cycle.response_complete = True
-        if cycle.disconnected:
-            return
+        if cycle.disconnected or self.transport.is_closing():
+            return  # the client left (uvicorn marks only the newest request's cycle)
         if isinstance(answer, bytes):
             status, headers, body = 200, granted_headers(answer), answer
         else:
