@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,9 +28,13 @@ def _same(fast: httpx.Response, slow: httpx.Response) -> None:
     assert fast.json() == slow.json()
 
 
-async def test_fast_and_routed_grabs_answer_alike(
-    client: httpx.AsyncClient, routed: httpx.AsyncClient
+async def grabs_answer_alike(
+    client: httpx.AsyncClient,
+    other: httpx.AsyncClient,
+    same: Callable[[httpx.Response, httpx.Response], None],
 ) -> None:
+    """The same grabs sent through `client` and `other`, each pair checked by `same`:
+    a repeat, refusals, and exhaustion (the packet's last share taken through `other`)."""
     await deposit(client, "alice", 1_000)
     packet = await send(client, "alice", total_amount=300, count=2)
     grab = f"/v1/packets/{packet['id']}/grab"
@@ -37,24 +42,24 @@ async def test_fast_and_routed_grabs_answer_alike(
     first = await client.post(grab, headers=bearer("u1"))
     assert first.status_code == 200 and first.json()["first"] is True
     # the same user again, through each path: the same share, first = false
-    _same(
-        await client.post(grab, headers=bearer("u1")), await routed.post(grab, headers=bearer("u1"))
-    )
+    u1, u2, u3 = bearer("u1"), bearer("u2"), bearer("u3")
+    same(await client.post(grab, headers=u1), await other.post(grab, headers=u1))
     # refusals: no token, a forged one, an unknown packet, a malformed id
-    _same(await client.post(grab), await routed.post(grab))
+    same(await client.post(grab), await other.post(grab))
     forged = {"Authorization": "Bearer v1.e30.AAAA"}
-    _same(await client.post(grab, headers=forged), await routed.post(grab, headers=forged))
+    same(await client.post(grab, headers=forged), await other.post(grab, headers=forged))
     for pid in ("0" * 26, "not-an-id"):
         path = f"/v1/packets/{pid}/grab"
-        _same(
-            await client.post(path, headers=bearer("u2")),
-            await routed.post(path, headers=bearer("u2")),
-        )
-    # the last share through the router, then exhaustion through both
-    assert (await routed.post(grab, headers=bearer("u2"))).status_code == 200
-    _same(
-        await client.post(grab, headers=bearer("u3")), await routed.post(grab, headers=bearer("u3"))
-    )
+        same(await client.post(path, headers=u2), await other.post(path, headers=u2))
+    # the last share through `other`, then exhaustion through both
+    assert (await other.post(grab, headers=u2)).status_code == 200
+    same(await client.post(grab, headers=u3), await other.post(grab, headers=u3))
+
+
+async def test_fast_and_routed_grabs_answer_alike(
+    client: httpx.AsyncClient, routed: httpx.AsyncClient
+) -> None:
+    await grabs_answer_alike(client, routed, _same)
 
 
 async def test_other_requests_on_grab_like_paths_reach_the_router(

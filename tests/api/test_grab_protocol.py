@@ -25,6 +25,7 @@ from hongbao.settings import Settings
 from hongbao.storage import RedisStore
 from tests.api.conftest import SECRET, bearer
 from tests.api.test_api import deposit, send
+from tests.api.test_fastpath import grabs_answer_alike
 
 
 class CountingApp:
@@ -87,6 +88,12 @@ async def asgi(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+async def _packet(asgi: httpx.AsyncClient) -> dict[str, Any]:
+    """A packet of 3 shares, sent in process."""
+    await deposit(asgi, "alice", 1_000)
+    return await send(asgi, "alice", total_amount=300, count=3)
+
+
 def _same(protocol: httpx.Response, app: httpx.Response) -> None:
     assert protocol.status_code == app.status_code
     # all headers, in order, but the date a running server adds
@@ -98,32 +105,13 @@ def _same(protocol: httpx.Response, app: httpx.Response) -> None:
 async def test_plain_grabs_are_answered_as_the_app_answers_them(
     served: Served, asgi: httpx.AsyncClient
 ) -> None:
-    await deposit(asgi, "alice", 1_000)
-    packet = await send(asgi, "alice", total_amount=300, count=2)
-    grab = f"/v1/packets/{packet['id']}/grab"
-    http = served.client
-
-    first = await http.post(grab, headers=bearer("u1"))
-    assert first.status_code == 200 and first.json()["first"] is True
-    _same(await http.post(grab, headers=bearer("u1")), await asgi.post(grab, headers=bearer("u1")))
-    # refusals: no token, a forged one, an unknown packet, a malformed id
-    _same(await http.post(grab), await asgi.post(grab))
-    forged = {"Authorization": "Bearer v1.e30.AAAA"}
-    _same(await http.post(grab, headers=forged), await asgi.post(grab, headers=forged))
-    for pid in ("0" * 26, "not-an-id"):
-        path = f"/v1/packets/{pid}/grab"
-        _same(
-            await http.post(path, headers=bearer("u2")), await asgi.post(path, headers=bearer("u2"))
-        )
-    assert (await http.post(grab, headers=bearer("u2"))).status_code == 200
-    _same(await http.post(grab, headers=bearer("u3")), await asgi.post(grab, headers=bearer("u3")))
+    await grabs_answer_alike(served.client, asgi, _same)
     # none of the grabs sent over HTTP reached the ASGI app
-    assert served.app.requests == []
+    assert served.app.requests == ["POST /v1/wallets/alice/deposits", "POST /v1/packets"]
 
 
 async def test_other_requests_reach_the_app(served: Served, asgi: httpx.AsyncClient) -> None:
-    await deposit(asgi, "alice", 1_000)
-    packet = await send(asgi, "alice", total_amount=300, count=3)
+    packet = await _packet(asgi)
     grab = f"/v1/packets/{packet['id']}/grab"
     http = served.client
 
@@ -184,8 +172,7 @@ def _request(method: str, path: str, user: str | None, *extra: str, version: str
 async def test_pipelined_requests_are_answered_in_order(
     served: Served, asgi: httpx.AsyncClient
 ) -> None:
-    await deposit(asgi, "alice", 1_000)
-    packet = await send(asgi, "alice", total_amount=300, count=3)
+    packet = await _packet(asgi)
     grab = f"/v1/packets/{packet['id']}/grab"
     raw = (
         _request("POST", grab, "u1")
@@ -205,8 +192,7 @@ async def test_pipelined_requests_are_answered_in_order(
 
 
 async def test_connection_close_and_http_1_0(served: Served, asgi: httpx.AsyncClient) -> None:
-    await deposit(asgi, "alice", 1_000)
-    packet = await send(asgi, "alice", total_amount=300, count=3)
+    packet = await _packet(asgi)
     grab = f"/v1/packets/{packet['id']}/grab"
 
     answers = await _exchange(served.port, _request("POST", grab, "u1", "Connection: close"))
@@ -223,8 +209,7 @@ async def test_connection_close_and_http_1_0(served: Served, asgi: httpx.AsyncCl
 async def test_a_grab_whose_client_left_still_counts(
     served: Served, asgi: httpx.AsyncClient
 ) -> None:
-    await deposit(asgi, "alice", 1_000)
-    packet = await send(asgi, "alice", total_amount=300, count=3)
+    packet = await _packet(asgi)
     grab = f"/v1/packets/{packet['id']}/grab"
     _, writer = await asyncio.open_connection("127.0.0.1", served.port)
     writer.write(_request("POST", grab, "gone"))
@@ -267,8 +252,7 @@ async def test_trusted_proxies_name_the_client_for_the_address_limit(
 async def test_the_access_log_has_a_line_for_each_grab(
     app: Starlette, asgi: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await deposit(asgi, "alice", 1_000)
-    packet = await send(asgi, "alice", total_amount=300, count=3)
+    packet = await _packet(asgi)
     grab = f"/v1/packets/{packet['id']}/grab"
     access = logging.getLogger("uvicorn.access")  # uvicorn's config stops its propagation
     async for s in _serve(app, [], access_log=True):

@@ -68,25 +68,24 @@ class GrabHeaders(NamedTuple):
     content_type: str | None
 
 
+#: the headers a grab reads, by their position in GrabHeaders
+_GRAB_HEADER_AT = {
+    b"authorization": 0,
+    b"x-on-behalf-of": 1,
+    b"content-length": 2,
+    b"transfer-encoding": 3,
+    b"content-type": 4,
+}
+
+
 def grab_headers(headers: Iterable[tuple[bytes, bytes]]) -> GrabHeaders:
     """The grab's headers out of ASGI's (lower-case name, value) pairs."""
-    authorization = on_behalf_of = length = encoding = content_type = None
+    found: list[str | None] = [None] * len(_GRAB_HEADER_AT)
     for name, value in headers:
-        if name == b"authorization":
-            if authorization is None:
-                authorization = value.decode("latin-1")
-        elif name == b"content-length":
-            if length is None:
-                length = value.decode("latin-1")
-        elif name == b"x-on-behalf-of":
-            if on_behalf_of is None:
-                on_behalf_of = value.decode("latin-1")
-        elif name == b"content-type":
-            if content_type is None:
-                content_type = value.decode("latin-1")
-        elif name == b"transfer-encoding" and encoding is None:
-            encoding = value.decode("latin-1")
-    return GrabHeaders(authorization, on_behalf_of, length, encoding, content_type)
+        at = _GRAB_HEADER_AT.get(name)
+        if at is not None and found[at] is None:
+            found[at] = value.decode("latin-1")
+    return GrabHeaders(*found)
 
 
 def granted_headers(answer: bytes) -> list[tuple[bytes, bytes]]:
