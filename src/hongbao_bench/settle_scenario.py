@@ -72,6 +72,7 @@ from hongbao.audit import audit
 from hongbao.keys import dead_letter_key, events_key
 from hongbao.ledger import database_url
 from hongbao.ledger.schema import claims
+from hongbao.persister import SERVER_BATCH_FACTOR
 from hongbao.service import Hongbao
 from hongbao.serving.embedded import EmbeddedServer, ledger_url
 from hongbao_bench.cluster import admin_for
@@ -108,9 +109,10 @@ STORM_RATE_CEILING = 35_000
 STORM_CONNECTIONS = 64
 #: how often the storm's lag and backlog are read, seconds
 SAMPLE_SECONDS = 0.1
-#: how far below the highest claim id seen a claim may still commit: a persister's lanes
-#: hold at most one transaction (1,000 claims) each in flight
-LOOKBACK_IDS = 5_000
+#: how far below the highest claim id seen a claim may still commit: each of a persister's
+#: lanes (2) holds one transaction in flight, of up to SERVER_BATCH_FACTOR batches (4 x
+#: 1,000 claims) when a backlog fills them; twice that, for a margin
+LOOKBACK_IDS = 2 * 2 * SERVER_BATCH_FACTOR * 1_000
 #: how long the ledger may take to catch up after a storm, seconds
 CATCH_UP_TIMEOUT = 300.0
 #: how long a persister process may take to start or drain, seconds

@@ -331,7 +331,9 @@ def serve(
                 demo_mode=demo,
                 metrics_address=metrics_address,
             )
-            _run_uvicorn(app, listener, host, port, log_level.lower(), access_log, proxies)
+            _run_uvicorn(
+                app, listener, host, port, log_level.lower(), access_log, proxies, persister
+            )
         else:
             metrics_dir = workers_folder(data_dir)
             os.environ.update(
@@ -350,7 +352,9 @@ def serve(
                 background = BackgroundWorkers(settings)
                 background.start()
             nice = settings.worker_nice if persister else 0
-            _run_workers(host, port, log_level.lower(), access_log, proxies, workers, nice)
+            _run_workers(
+                host, port, log_level.lower(), access_log, proxies, workers, nice, persister
+            )
     except _Stop:
         pass
     finally:
@@ -398,17 +402,29 @@ def _run_uvicorn(
     level: str,
     access_log: bool,
     proxies: list[str],
+    settles: bool,
 ) -> None:
-    """One API process: uvicorn on the socket bound at the start."""
+    """One API process: uvicorn on the socket bound at the start (see `_answer_grabs`
+    for `settles`)."""
     import uvicorn
 
     from hongbao.serving.workers import uvicorn_options
 
-    options = uvicorn_options(host, port, level, access_log, proxies)
+    options = uvicorn_options(host, port, level, access_log, proxies, _answer_grabs(settles))
     server = uvicorn.Server(uvicorn.Config(app, **options))
     server.run(sockets=[listener])
     if not server.started:
         fail("the API could not start (see the log above)", 1)
+
+
+def _answer_grabs(settles: bool) -> bool:
+    """Whether plain grabs are answered from the HTTP parser (`GrabProtocol`): on an API
+    node, yes; not where this command also settles (the embedded default's persister).
+    Nothing yet slows grabs down when settlement falls behind, and one SQLite writer
+    settles about 18,000 claims a second beside the API on two cores: the parser path
+    lets the API take grabs faster than that, and a 60 s storm's settlement lag grew to
+    11 s (docs/performance.md, Settlement)."""
+    return not settles
 
 
 def _run_workers(
@@ -419,12 +435,18 @@ def _run_workers(
     proxies: list[str],
     workers: int,
     nice: int,
+    settles: bool,
 ) -> None:
     """N API processes, each with the app built from the environment set above, `nice`
-    steps below this process (the persister's) in scheduling priority."""
+    steps below this process (the persister's) in scheduling priority (see
+    `_answer_grabs` for `settles`)."""
     from hongbao.serving.workers import serve_workers, uvicorn_options
 
-    options = {**uvicorn_options(host, port, level, access_log, proxies), "factory": True}
+    answer_grabs = _answer_grabs(settles)
+    options = {
+        **uvicorn_options(host, port, level, access_log, proxies, answer_grabs),
+        "factory": True,
+    }
     with friendly_errors():
         code = serve_workers("hongbao.app:app_from_env", workers, options, nice)
     if code:

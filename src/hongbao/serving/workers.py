@@ -50,12 +50,19 @@ SHUTDOWN_TIMEOUT = 10
 
 
 def uvicorn_options(
-    host: str, port: int, log_level: str, access_log: bool, trusted_proxies: list[str]
+    host: str,
+    port: int,
+    log_level: str,
+    access_log: bool,
+    trusted_proxies: list[str],
+    answer_grabs: bool = True,
 ) -> dict[str, Any]:
     """The uvicorn settings `hongbao serve` runs with (the bench's hello-world too).
 
     X-Forwarded-For and X-Forwarded-Proto are believed only from `trusted_proxies`
-    (addresses or CIDRs); with none, the socket peer is the client, whatever it sends."""
+    (addresses or CIDRs); with none, the socket peer is the client, whatever it sends.
+    With `answer_grabs`, plain grabs are answered from the HTTP parser (`GrabProtocol`);
+    without, every request takes uvicorn's ASGI cycle."""
     return {
         "host": host,
         "port": port,
@@ -64,8 +71,7 @@ def uvicorn_options(
         "lifespan": "on",
         "timeout_graceful_shutdown": SHUTDOWN_TIMEOUT,
         "server_header": False,
-        # uvicorn's httptools protocol, answering plain grabs without an ASGI cycle
-        "http": GrabProtocol,
+        "http": GrabProtocol if answer_grabs else "auto",
         "proxy_headers": bool(trusted_proxies),
         "forwarded_allow_ips": ",".join(trusted_proxies) or None,
     }
