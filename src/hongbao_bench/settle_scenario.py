@@ -75,6 +75,7 @@ from hongbao.ledger.schema import claims
 from hongbao.persister import SERVER_BATCH_FACTOR
 from hongbao.service import Hongbao
 from hongbao.serving.embedded import EmbeddedServer, ledger_url
+from hongbao.settings import Settings
 from hongbao_bench.cluster import admin_for
 from hongbao_bench.common import (
     BenchContext,
@@ -110,9 +111,9 @@ STORM_CONNECTIONS = 64
 #: how often the storm's lag and backlog are read, seconds
 SAMPLE_SECONDS = 0.1
 #: how far below the highest claim id seen a claim may still commit: each of a persister's
-#: lanes (2) holds one transaction in flight, of up to SERVER_BATCH_FACTOR batches (4 x
-#: 1,000 claims) when a backlog fills them; twice that, for a margin
-LOOKBACK_IDS = 2 * 2 * SERVER_BATCH_FACTOR * 1_000
+#: lanes holds one transaction in flight, of up to SERVER_BATCH_FACTOR batches when a
+#: backlog fills them (the storms run the default settings); twice that, for a margin
+LOOKBACK_IDS = 2 * Settings.persister_lanes * SERVER_BATCH_FACTOR * Settings.persister_batch
 #: how long the ledger may take to catch up after a storm, seconds
 CATCH_UP_TIMEOUT = 300.0
 #: how long a persister process may take to start or drain, seconds
