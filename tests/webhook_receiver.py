@@ -1,6 +1,7 @@
 """A real webhook receiver for the tests: a Starlette app served by uvicorn on a loopback
 port, in a thread of its own, that checks every message's signature with the
-`standardwebhooks` library and keeps what it got.
+`standardwebhooks` library and keeps what it got (the events of a batch message one by
+one).
 
 `answer` sets the status it replies with (200 by default; 410 makes hongbao disable the
 endpoint); `stop()` closes the port and `start()` opens the same one again.
@@ -46,7 +47,10 @@ class Receiver:
     secrets: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
     answer: int = 200
+    #: the events received, a batch message's one by one
     got: list[Received] = field(default_factory=list)
+    #: the verified messages: (webhook id, the number of events carried)
+    messages: list[tuple[str, int]] = field(default_factory=list)
     #: messages no secret verified (each a reason)
     refused: list[str] = field(default_factory=list)
     _server: uvicorn.Server | None = None
@@ -72,16 +76,20 @@ class Receiver:
         elif headers.get("webhook-id") != message["id"]:
             self.refused.append(f"{message['id']}: webhook-id {headers.get('webhook-id')}")
         else:
-            self.got.append(
+            # a batch message carries its events' own bodies, in order
+            carried = message["data"]["events"] if message["type"] == "batch" else [message]
+            self.messages.append((message["id"], len(carried)))
+            self.got.extend(
                 Received(
-                    message["id"],
-                    message["type"],
-                    message["data"],
-                    message["timestamp"],
+                    event["id"],
+                    event["type"],
+                    event["data"],
+                    event["timestamp"],
                     headers,
                     tuple(verified),
                     time.time(),
                 )
+                for event in carried
             )
         return Response(status_code=self.answer)
 

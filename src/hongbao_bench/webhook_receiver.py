@@ -3,9 +3,10 @@ counted against the dispatcher's: ``python -m hongbao_bench.webhook_receiver POR
 serves a Starlette app on loopback (uvicorn) and prints "ready" once it listens.
 
 ``POST /hook`` checks the message's signature with `standardwebhooks` (400 if it does not
-verify) and keeps the first arrival of each event id: (arrival, commit) as unix seconds,
-the commit being the event's ``timestamp``. ``GET /arrivals`` answers
-``{"arrivals": [[arrival, commit], ...], "forged": n}``; ``GET /count`` the number only.
+verify) and keeps the first arrival of each event id (each event of a batch message):
+(arrival, commit) as unix seconds, the commit being the event's ``timestamp``.
+``GET /arrivals`` answers ``{"arrivals": [[arrival, commit], ...], "forged": n}``;
+``GET /count`` the number only.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ class Arrivals:
         except WebhookVerificationError:
             self.forged += 1
             return Response(status_code=400)
-        committed = datetime.fromisoformat(message["timestamp"].replace("Z", "+00:00"))
-        self.first.setdefault(message["id"], (time.time(), committed.timestamp()))
+        arrived = time.time()
+        # a batch message carries its events' own bodies
+        for event in message["data"]["events"] if message["type"] == "batch" else [message]:
+            committed = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+            self.first.setdefault(event["id"], (arrived, committed.timestamp()))
         return Response(status_code=204)
 
     async def arrivals(self, request: Request) -> Response:

@@ -9,11 +9,13 @@ Reported: the persister's pace (claims committed per second, from the first even
 commit to the last's), the dispatcher's (events delivered per second, from the first
 commit to the last arrival), their ratio, and the lag from each event's commit (its
 ``timestamp``) to its arrival, p50 and p99. The dispatcher keeps pace when the ratio is
-near 1: the last event arrives soon after the last claim commits. Two storms: the
+near 1: the last event arrives soon after the last claim commits. Three storms: the
 in-process dispatcher alone (as `hongbao serve` and `hongbao worker` run it), then with
-a `hongbao webhooks dispatch` process beside it. A third row, ``webhooks-dispatcher``,
-measures the dispatcher's own rate and CPU per event: the same number of events already
-queued, sent by a dispatcher alone in this process.
+a `hongbao webhooks dispatch` process beside it, both one event a message; then the
+in-process dispatcher to an endpoint that takes batches of up to `BATCH` events. The
+``webhooks-dispatcher`` rows measure the dispatcher's own rate and CPU per event, one
+event a message and in batches: the same number of events already queued, sent by a
+dispatcher alone in this process.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from hongbao.ledger.outbox import OutboxEvent, packet_subject, record_events
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.webhooks import Dispatcher
+from hongbao.webhooks.endpoints import MAX_BATCH_SIZE
 from hongbao_bench.common import BenchContext, Outcome, forget_packets, free_port, send_packets
 from hongbao_bench.meters import process_cpu_seconds
 from hongbao_bench.processes import expect_line, log_tail
@@ -47,22 +50,30 @@ KEEPS_PACE = 0.9
 
 
 RECEIVER = "webhook-receiver"
-#: the rows: (name, `hongbao webhooks dispatch` processes beside the in-process dispatcher)
-ROWS = (("webhooks", 0), ("webhooks+dispatch", 1))
+#: events a message carries in the batched rows (an endpoint's largest `batch_size`)
+BATCH = MAX_BATCH_SIZE
+#: the storms: (name, `hongbao webhooks dispatch` processes beside the in-process
+#: dispatcher, the endpoint's `batch_size`)
+ROWS = (("webhooks", 0, 1), ("webhooks+dispatch", 1, 1), ("webhooks-batched", 0, BATCH))
+#: the dispatcher alone: (name, the endpoint's `batch_size`)
+ALONE = (("webhooks-dispatcher", 1), ("webhooks-dispatcher-batched", BATCH))
 
 
 async def webhooks_scenario(ctx: BenchContext) -> list[Outcome]:
     settings = replace(ctx.settings(), webhook_poll_interval=0.02)
     service = await Hongbao.connect(settings, migrate=True)
     try:
-        rows = [await _storm(ctx, service, name, extra) for name, extra in ROWS]
-        return [*rows, await _dispatcher_alone(ctx, service)]
+        rows = [await _storm(ctx, service, *row) for row in ROWS]
+        return [*rows, *[await _dispatcher_alone(ctx, service, *row) for row in ALONE]]
     finally:
         await service.aclose()
 
 
-async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int) -> Outcome:
-    """One storm, its events sent by the in-process dispatcher and `processes` more."""
+async def _storm(
+    ctx: BenchContext, service: Hongbao, name: str, processes: int, batch_size: int
+) -> Outcome:
+    """One storm, its events sent by the in-process dispatcher and `processes` more, to
+    an endpoint that takes `batch_size` events a message."""
     settings = service.settings
     shares_each = max(1, ctx.profile.webhook_events // PACKETS)
     expected = PACKETS * shares_each
@@ -73,7 +84,9 @@ async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int)
     # the grabs of earlier scenarios are settled first: their events are not this storm's
     await asyncio.wait_for(persister.drain(), DEADLINE)
     async with contextlib.AsyncExitStack() as cleanup:
-        endpoint = await service.webhooks.create(f"{url}/hook", ["claim.settled"])
+        endpoint = await service.webhooks.create(
+            f"{url}/hook", ["claim.settled"], batch_size=batch_size
+        )
         cleanup.push_async_callback(service.webhooks.delete, endpoint.id)
         receiver = await _receiver(ctx, cleanup, port, endpoint.secret)
         dispatchers = []
@@ -98,6 +111,7 @@ async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int)
         beside = f" and {processes} dispatch process(es)" if processes else ""
         ctx.say(
             f"{name}: {expected:,} grabs over {PACKETS} packets, the dispatcher in-process{beside}"
+            f", up to {batch_size} event(s) a message"
         )
         gate = asyncio.Semaphore(256)
 
@@ -123,19 +137,27 @@ async def _storm(ctx: BenchContext, service: Hongbao, name: str, processes: int)
     return outcome
 
 
-async def _dispatcher_alone(ctx: BenchContext, service: Hongbao) -> Outcome:
+async def _dispatcher_alone(
+    ctx: BenchContext, service: Hongbao, name: str, batch_size: int
+) -> Outcome:
     """The dispatcher's own rate and CPU: `Profile.webhook_events` events already queued
-    (over 10 packets), sent by a dispatcher alone in this process to the receiver."""
+    (over 10 packets), sent by a dispatcher alone in this process to the receiver, up to
+    `batch_size` a message."""
     expected = ctx.profile.webhook_events
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as cleanup:
-        endpoint = await service.webhooks.create(f"{url}/hook", ["claim.settled"])
+        endpoint = await service.webhooks.create(
+            f"{url}/hook", ["claim.settled"], batch_size=batch_size
+        )
         cleanup.push_async_callback(service.webhooks.delete, endpoint.id)
         receiver = await _receiver(ctx, cleanup, port, endpoint.secret)
         await _queue_events(service, expected)
-        ctx.say(f"webhooks-dispatcher: {expected:,} queued events, the dispatcher alone")
+        ctx.say(
+            f"{name}: {expected:,} queued events, the dispatcher alone, "
+            f"up to {batch_size} a message"
+        )
         started, cpu = time.time(), time.process_time()
         receiver_cpu = process_cpu_seconds(receiver.pid)
         task = asyncio.create_task(Dispatcher(service.ledger, service.settings).run(stop))
@@ -162,7 +184,7 @@ async def _dispatcher_alone(ctx: BenchContext, service: Hongbao) -> Outcome:
     )
     status = "failed" if problems else "ok"
     note = "; ".join([*problems, summary])
-    return Outcome("webhooks-dispatcher", "webhooks", status, note=note, figures=figures)
+    return Outcome(name, "webhooks", status, note=note, figures=figures)
 
 
 async def _queue_events(service: Hongbao, count: int) -> None:

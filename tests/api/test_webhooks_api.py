@@ -58,6 +58,10 @@ async def test_only_admins_manage_webhooks(client: httpx.AsyncClient) -> None:
     assert [w["id"] for w in listed] == [made["id"]]
 
 
+#: a valid registration body
+HOOK = {"url": "http://127.0.0.1/hook", "events": ["claim.settled"]}
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -69,9 +73,10 @@ async def test_only_admins_manage_webhooks(client: httpx.AsyncClient) -> None:
         ({"url": "http://127.0.0.1/hook", "events": []}, "events"),
         ({"url": "http://127.0.0.1/hook"}, "events"),
         ({"url": "http://127.0.0.1/hook", "events": ["claim.settled"], "x": 1}, "x"),
+        *(({**HOOK, "batch_size": size}, "batch_size") for size in (0, 101, "5", True, 2.5)),
     ],
 )
-async def test_a_bad_url_or_event_type_is_a_422(
+async def test_a_bad_url_event_type_or_batch_size_is_a_422(
     client: httpx.AsyncClient, body: dict[str, Any], field: str
 ) -> None:
     r = await client.post("/v1/webhooks", json=body, headers=ADMIN)
@@ -89,6 +94,7 @@ async def test_a_registered_endpoint_receives_signed_events(
     made = await register(client, receiver.url, ["wallet.deposited"])
     assert made["secret"].startswith("whsec_")
     assert (made["enabled"], made["events"]) == (True, ["wallet.deposited"])
+    assert made["batch_size"] == 1
     receiver.secrets = [made["secret"]]
     await deposit(client, "alice", 500)
     assert await arrived(receiver, 1) == 1

@@ -25,6 +25,16 @@ POSTGRES_URL = os.environ.get(
 MYSQL_URL = os.environ.get("HONGBAO_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
 
+#: the webhooks scenario's rows
+WEBHOOK_ROWS = (
+    "webhooks",
+    "webhooks+dispatch",
+    "webhooks-batched",
+    "webhooks-dispatcher",
+    "webhooks-dispatcher-batched",
+)
+
+
 @pytest.mark.timeout(120)
 def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
@@ -53,9 +63,7 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         "history-received@sqlite",
         "history-sent@sqlite",
         "history-entries@sqlite",
-        "webhooks",
-        "webhooks+dispatch",
-        "webhooks-dispatcher",
+        *WEBHOOK_ROWS,
     ):
         assert name in names
     ours = [row for row in data["scenarios"] if row["ours"]]
@@ -76,7 +84,7 @@ def test_bench_quick_tiny_writes_every_scenario(tmp_path: Path) -> None:
         row = next(r for r in data["scenarios"] if r["scenario"] == name)
         assert row["status"] == "ok" and row["figures"]["slices_rps"], row
         assert row["result"]["grabs_attempted"] > 0
-    for name in ("webhooks", "webhooks+dispatch", "webhooks-dispatcher"):
+    for name in WEBHOOK_ROWS:
         row = next(r for r in data["scenarios"] if r["scenario"] == name)
         assert row["status"] == "ok" and row["figures"]["forged"] == 0, row
         assert row["figures"]["events"] == 2_000 and row["figures"]["events_per_second"] > 0

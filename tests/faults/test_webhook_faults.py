@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from hongbao.ledger import SqlLedger
@@ -38,11 +39,11 @@ def users(n: int) -> list[str]:
     return [f"u{i}" for i in range(n)]
 
 
-def register(stack: Stack, receiver: Receiver) -> None:
+def register(stack: Stack, receiver: Receiver, batch_size: int = 1) -> None:
     (admin,) = tokens("admin", admin=True)
     r = httpx.post(
         stack.urls[0] + "/v1/webhooks",
-        json={"url": receiver.url, "events": TYPES},
+        json={"url": receiver.url, "events": TYPES, "batch_size": batch_size},
         headers={"Authorization": f"Bearer {admin}"},
         timeout=10,
     )
@@ -103,9 +104,12 @@ def everything_arrives(stack: Stack, receiver: Receiver, fault: str, within: flo
     )
 
 
-def test_receiver_down_20s_during_the_storm(make_stack: Any, receiver: Receiver) -> None:
+@pytest.mark.parametrize("batch_size", [1, 100])
+def test_receiver_down_20s_during_the_storm(
+    make_stack: Any, receiver: Receiver, batch_size: int
+) -> None:
     stack: Stack = make_stack(**FAST)
-    register(stack, receiver)
+    register(stack, receiver, batch_size)
     ids = setup_packets(stack.urls[0], 4, 250)
     load = Load(stack.urls, ids, users(300), rate=500).start()
     time.sleep(1.0)
@@ -113,7 +117,7 @@ def test_receiver_down_20s_during_the_storm(make_stack: Any, receiver: Receiver)
     time.sleep(20)
     receiver.start()
     load.wait()
-    everything_arrives(stack, receiver, "receiver down 20 s")
+    everything_arrives(stack, receiver, f"receiver down 20 s, batches of {batch_size}")
 
 
 def test_dispatcher_killed_mid_delivery(make_stack: Any, receiver: Receiver) -> None:

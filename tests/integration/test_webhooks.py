@@ -77,10 +77,11 @@ async def storm(service: Hongbao, packets: list[str], users: int) -> int:
     return sum(got)
 
 
+@pytest.mark.parametrize("batch_size", [1, 50])
 async def test_a_storm_arrives_once_per_claim_in_order(
-    service: Hongbao, receiver: Receiver, workers: Dispatcher
+    service: Hongbao, receiver: Receiver, workers: Dispatcher, batch_size: int
 ) -> None:
-    endpoint = await service.webhooks.create(receiver.url, PACKET_TYPES)
+    endpoint = await service.webhooks.create(receiver.url, PACKET_TYPES, batch_size=batch_size)
     receiver.secrets = [endpoint.secret]
     await service.deposit("sender", 10 * 20_000)
     packets = [(await service.send("sender", 20_000, 200)).id for _ in range(10)]
@@ -117,6 +118,12 @@ async def test_a_storm_arrives_once_per_claim_in_order(
             "packet.exhausted",
         ]
     assert len(receiver.distinct("packet.created")) == 10
+    ids = {message_id for message_id, _ in receiver.messages}
+    if batch_size == 1:  # each message is one event, under its own id
+        assert ids == set(receiver.distinct())
+    else:  # fewer messages, each of several events, none above the endpoint's batch size
+        assert all(i.startswith("msg_") for i in ids) and len(ids) < 2_020 / 2
+        assert max(n for _, n in receiver.messages) <= batch_size
     # the receiver's 2xx lands before the dispatcher records the delivery
     store = WebhookStore(service.ledger)
     await until(lambda: delivered_all(store, 2_020))

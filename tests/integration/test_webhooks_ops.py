@@ -89,6 +89,40 @@ async def test_failures_retry_with_backoff_then_park_and_operators_retry_them(
     assert run_cli("webhooks", "failed", *url).returncode == 0
 
 
+async def test_a_failed_batch_is_resent_whole_under_its_id_and_parks_together(
+    receiver: Receiver, service: Hongbao, settings: Settings, sql_url: str
+) -> None:
+    endpoint = await service.webhooks.create(receiver.url, ["wallet.deposited"], batch_size=10)
+    receiver.secrets = [endpoint.secret]
+    receiver.answer = 500
+    for n in range(5):  # one subject (alice's wallet): one queue
+        await service.deposit("alice", 100 + n)
+    store = WebhookStore(service.ledger)
+    fast = replace(settings, webhook_poll_interval=0.02, webhook_retry_seconds=2)
+
+    async def parked() -> bool:
+        return (await store.stats()).parked == 5
+
+    await dispatch_until(Dispatcher(service.ledger, fast), parked)
+    first, again = receiver.messages[:2]
+    assert first == again and first[1] == 5, receiver.messages  # the same message resent
+    amounts = [r.data["amount"] for r in receiver.got]
+    assert amounts[:10] == [100, 101, 102, 103, 104] * 2  # whole, in order, each time
+
+    listed = run_cli("webhooks", "list", "--database-url", sql_url)
+    assert f"{endpoint.id}  {receiver.url}" in listed.stdout, listed.stdout
+    assert "batches of 10" in listed.stdout and "5 parked" in listed.stdout, listed.stdout
+    assert run_cli("webhooks", "retry-all", "--database-url", sql_url).returncode == 0
+    receiver.answer = 200
+    receiver.messages.clear()
+
+    async def delivered() -> bool:
+        return (await store.stats()).delivered == 5
+
+    await dispatch_until(Dispatcher(service.ledger, fast), delivered)
+    assert [n for _, n in receiver.messages] == [5] and receiver.refused == []
+
+
 async def test_a_host_left_out_of_the_allowed_hosts_is_neither_registered_nor_sent_to(
     receiver: Receiver, service: Hongbao, settings: Settings
 ) -> None:

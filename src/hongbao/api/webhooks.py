@@ -1,7 +1,7 @@
 """Webhook endpoints over HTTP, for admins.
 
-- ``POST /v1/webhooks`` ``{"url", "events"}``: register one; the answer carries its
-  signing secret (``whsec_…``), shown here and on rotation only;
+- ``POST /v1/webhooks`` ``{"url", "events", "batch_size"?}``: register one; the answer
+  carries its signing secret (``whsec_…``), shown here and on rotation only;
 - ``GET /v1/webhooks``, ``GET /v1/webhooks/{webhook_id}``: the endpoints;
 - ``DELETE /v1/webhooks/{webhook_id}``: remove it (nothing more is sent to it);
 - ``POST /v1/webhooks/{webhook_id}/rotate-secret``: a new secret; the old one signs
@@ -28,7 +28,7 @@ from hongbao.api.schemas import iso
 from hongbao.errors import Forbidden
 from hongbao.ledger.outbox import EVENT_TYPES, EventType
 from hongbao.ledger.webhook_records import EndpointRecord
-from hongbao.webhooks.endpoints import MAX_URL
+from hongbao.webhooks.endpoints import MAX_BATCH_SIZE, MAX_URL
 
 
 class WebhookRequest(BaseModel):
@@ -39,6 +39,13 @@ class WebhookRequest(BaseModel):
     )
     events: list[EventType] = Field(
         min_length=1, max_length=len(EVENT_TYPES), description="the event types it receives"
+    )
+    batch_size: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_BATCH_SIZE,
+        description='the most events one message carries; above 1 the body is {"type": '
+        '"batch", "data": {"events": [...]}}, the events of one subject in order',
     )
 
 
@@ -51,6 +58,7 @@ class WebhookOut(BaseModel):
         description="why it stopped receiving (its receiver answered 410 Gone)"
     )
     created_at: str
+    batch_size: int = Field(description="the most events one message carries")
     secret: str | None = Field(
         default=None,
         description="the signing secret (whsec_…); only in the answers of create and rotate",
@@ -75,6 +83,7 @@ def webhook_json(endpoint: EndpointRecord, *, secret: bool = False) -> dict[str,
         "enabled": endpoint.enabled,
         "disabled_reason": endpoint.disabled_reason,
         "created_at": iso(endpoint.created_at),
+        "batch_size": endpoint.batch_size,
     }
     if secret:
         out["secret"] = endpoint.secret
@@ -109,7 +118,9 @@ class WebhooksApi:
     async def create(self, request: Request) -> Response:
         await self.admin(request)
         body = await read_json(request, WebhookRequest)
-        endpoint = await self.api.service.webhooks.create(body.url, body.events)
+        endpoint = await self.api.service.webhooks.create(
+            body.url, body.events, batch_size=body.batch_size
+        )
         return JSONResponse(webhook_json(endpoint, secret=True), status_code=201)
 
     async def list(self, request: Request) -> Response:

@@ -71,7 +71,8 @@ def list_endpoints(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT
         endpoints, stats = await store.endpoints(), await store.stats()
         for e in endpoints:
             state = "enabled" if e.enabled else f"disabled ({e.disabled_reason})"
-            typer.echo(f"{e.id}  {e.url}  {','.join(e.event_types)}  {state}")
+            batch = f"  batches of {e.batch_size}" if e.batch_size > 1 else ""
+            typer.echo(f"{e.id}  {e.url}  {','.join(e.event_types)}  {state}{batch}")
         if not endpoints:
             typer.echo("no webhook endpoints")
         oldest = "" if stats.oldest_pending is None else f", oldest since {stats.oldest_pending}"

@@ -291,6 +291,8 @@ webhook_endpoints = sa.Table(
     #: why it was disabled (its receiver answered 410 Gone, or an operator)
     sa.Column("disabled_reason", sa.String(200), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
+    #: the most events one message carries: 1 sends each event alone
+    sa.Column("batch_size", sa.Integer, nullable=False, server_default="1"),
 )
 
 #: one event to one endpoint: pending until the receiver answers 2xx, parked when its

@@ -22,6 +22,8 @@ class EndpointRecord:
     enabled: bool
     disabled_reason: str | None
     created_at: datetime
+    #: the most events one message carries (1: each event alone)
+    batch_size: int
 
     def signing_secrets(self, now: datetime) -> tuple[str, ...]:
         """The secrets that sign a message sent at `now`: the current one, and the one
@@ -100,4 +102,5 @@ def endpoint_from_row(row: sa.Row[tuple[object, ...]]) -> EndpointRecord:
         enabled=bool(m["enabled"]),
         disabled_reason=m["disabled_reason"],
         created_at=from_db(m["created_at"]),
+        batch_size=int(m["batch_size"]),
     )

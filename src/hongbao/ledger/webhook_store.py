@@ -44,7 +44,12 @@ class WebhookStore:
     # -- endpoints ---------------------------------------------------------------------------
 
     async def create_endpoint(
-        self, endpoint_id: str, url: str, event_types: Sequence[str], secret: str
+        self,
+        endpoint_id: str,
+        url: str,
+        event_types: Sequence[str],
+        secret: str,
+        batch_size: int = 1,
     ) -> EndpointRecord:
         now = utcnow()
 
@@ -57,6 +62,7 @@ class WebhookStore:
                     secret=secret,
                     enabled=True,
                     created_at=now,
+                    batch_size=batch_size,
                 )
             )
 

@@ -12,6 +12,15 @@ next deliveries, so a hot packet's claims cost the database one transaction per 
 and the queue flows on without waiting for the next poll. Different queues are sent
 concurrently, up to `webhook_concurrency`.
 
+An endpoint whose `batch_size` is above 1 gets up to that many of a queue's leased
+deliveries in one message, ``{"id", "type": "batch", "timestamp", "data": {"events":
+[...]}}``, each element the body its event would have alone, in order. A message costs
+a receiver and the dispatcher about the same whatever it carries, so this is how
+deliveries keep pace with a storm's claims: a batch holds what waited while the one
+before it was sent, so messages grow with the backlog and stay single while there is
+none. The message's id is derived from its events' ids, the same on a resend of the same
+events; a batch that fails is retried as a whole, and its events park together.
+
 A failed attempt (no answer, or a status other than 2xx) is retried after a wait that
 doubles from 1 s up to `webhook_max_backoff`, each drawn between half and all of its
 value so that receivers coming back are not hit by every dispatcher at once; the rest
@@ -23,6 +32,7 @@ disables its endpoint: it receives nothing more, and its pending deliveries are 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import random
@@ -45,13 +55,14 @@ from hongbao.ledger.outbox import timestamp
 from hongbao.ledger.webhook_records import EndpointRecord, Failure, LeasedDelivery
 from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.settings import Settings
-from hongbao.webhooks.endpoints import AllowedHosts
+from hongbao.webhooks.endpoints import MAX_BATCH_SIZE, AllowedHosts
 
 log = logging.getLogger("hongbao.webhooks")
 T = TypeVar("T")
 
-#: deliveries of one (endpoint, subject) leased and settled together
-LEASE_BATCH = 100
+#: deliveries of one (endpoint, subject) leased and settled together: a full batch
+#: message fits in one lease
+LEASE_BATCH = MAX_BATCH_SIZE
 #: the first wait after a failed attempt, seconds; each further one doubles
 FIRST_RETRY = 1.0
 #: a dispatcher starts no send that could outlast its lease by less than this, seconds
@@ -79,6 +90,33 @@ def message_body(delivery: LeasedDelivery) -> str:
         }
     ).decode()
     return head[:-1] + ',"data":' + delivery.payload + "}"
+
+
+def batch_id(deliveries: Sequence[LeasedDelivery]) -> str:
+    """A batch message's id: a digest of its events' ids, so a resend of the same events
+    carries the same ``webhook-id`` and a different set never does."""
+    digest = hashlib.sha256(",".join(d.id for d in deliveries).encode()).hexdigest()
+    return "msg_" + digest[:32]
+
+
+def message(deliveries: Sequence[LeasedDelivery]) -> tuple[str, str]:
+    """The id and JSON body of the message that carries `deliveries` (of one endpoint and
+    subject, in order): the event's own body when the endpoint takes one event a message,
+    else ``{"id", "type": "batch", "timestamp", "data": {"events": [...]}}`` with the
+    last event's commit as the timestamp."""
+    if deliveries[0].endpoint.batch_size == 1:
+        (only,) = deliveries
+        return only.id, message_body(only)
+    message_id = batch_id(deliveries)
+    head = orjson.dumps(
+        {
+            "id": message_id,
+            "type": "batch",
+            "timestamp": timestamp(deliveries[-1].event_created_at),
+        }
+    ).decode()
+    events = ",".join(message_body(d) for d in deliveries)
+    return message_id, head[:-1] + ',"data":{"events":[' + events + "]}}"
 
 
 @lru_cache(maxsize=1024)
@@ -230,28 +268,36 @@ class Dispatcher:
         that could outlast the lease."""
         outcome = BatchOutcome()
         lease_end = leased_at + self.lease_for.total_seconds()
-        for pos, delivery in enumerate(queue):
+        size = queue[0].endpoint.batch_size
+        for pos in range(0, len(queue), size):
             left = lease_end - time.monotonic()
             if self._stop.is_set() or left < self.settings.webhook_timeout + LEASE_MARGIN:
                 outcome.released = [d.delivery_id for d in queue[pos:]]
                 return outcome
-            attempt = await self.send(client, delivery)
+            carried = queue[pos : pos + size]
+            message_id, body = message(carried)
+            attempt = await self.send(client, carried[0].endpoint, message_id, body)
             if attempt.delivered:
                 assert attempt.status is not None
-                outcome.delivered.append((delivery.delivery_id, attempt.status))
+                outcome.delivered.extend((d.delivery_id, attempt.status) for d in carried)
                 continue
             self.failed += 1
             if attempt.gone:
                 outcome.gone = f"the receiver answered 410 Gone at {timestamp(datetime.now(UTC))}"
-            retry = None if attempt.gone else self.next_attempt(delivery)
-            outcome.failures.append(
-                Failure(delivery.delivery_id, attempt.status, attempt.error, retry)
+            # a batch's events retry together, at its head's time; each parks once the
+            # time falls outside its own retry window
+            at = None if attempt.gone else self.retry_at(carried[0])
+            retries = [self.within_window(d, at) for d in carried]
+            outcome.failures.extend(
+                Failure(d.delivery_id, attempt.status, attempt.error, retry)
+                for d, retry in zip(carried, retries, strict=True)
             )
-            outcome.released = [d.delivery_id for d in queue[pos + 1 :]]
+            outcome.released = [d.delivery_id for d in queue[pos + size :]]
+            retry = next((r for r in retries if r is not None), None)
             log.info(
                 "webhooks: %s to %s failed (%s); %s",
-                delivery.id,
-                delivery.endpoint.url,
+                message_id,
+                carried[0].endpoint.url,
                 attempt.error,
                 "parked" if retry is None else f"retry at {timestamp(retry)}",
             )
@@ -259,16 +305,17 @@ class Dispatcher:
         outcome.complete = True
         return outcome
 
-    async def send(self, client: aiohttp.ClientSession, delivery: LeasedDelivery) -> Attempt:
-        """One signed POST of a delivery."""
-        if not self.hosts.allows_url(delivery.endpoint.url):
+    async def send(
+        self, client: aiohttp.ClientSession, endpoint: EndpointRecord, message_id: str, body: str
+    ) -> Attempt:
+        """One signed POST of a message to `endpoint`."""
+        if not self.hosts.allows_url(endpoint.url):
             return Attempt(None, "the endpoint's host is not in HONGBAO_WEBHOOK_HOSTS")
-        body = message_body(delivery)
         now = datetime.now(UTC)
-        headers = signature_headers(delivery.id, delivery.endpoint.signing_secrets(now), now, body)
+        headers = signature_headers(message_id, endpoint.signing_secrets(now), now, body)
         try:
             async with client.post(
-                delivery.endpoint.url, data=body.encode(), headers=headers, allow_redirects=False
+                endpoint.url, data=body.encode(), headers=headers, allow_redirects=False
             ) as answer:
                 await _drain(answer)
                 return Attempt(answer.status, f"HTTP {answer.status}")
@@ -276,13 +323,17 @@ class Dispatcher:
             reason = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "")
             return Attempt(None, f"{type(exc).__name__}: {reason}".strip().rstrip(":"))
 
-    def next_attempt(self, delivery: LeasedDelivery) -> datetime | None:
-        """When to try a delivery again after its failed attempt; None: park it."""
+    def retry_at(self, delivery: LeasedDelivery) -> datetime:
+        """The backoff after the delivery's failed attempt: from now, doubling with each
+        attempt up to `webhook_max_backoff`, drawn between half and all of it."""
         failed = delivery.attempts + 1
         wait = min(self.settings.webhook_max_backoff, FIRST_RETRY * 2 ** min(failed - 1, 40))
-        at = datetime.now(UTC) + timedelta(seconds=wait * random.uniform(0.5, 1.0))
+        return datetime.now(UTC) + timedelta(seconds=wait * random.uniform(0.5, 1.0))
+
+    def within_window(self, delivery: LeasedDelivery, at: datetime | None) -> datetime | None:
+        """`at` if it falls inside the delivery's retry window, else None (park it)."""
         deadline = delivery.retry_from + timedelta(seconds=self.settings.webhook_retry_seconds)
-        return at if at <= deadline else None
+        return at if at is not None and at <= deadline else None
 
     async def retrying(self, write: Callable[[], Awaitable[T]], fallback: T) -> T:
         """Run a settling write, again while the database is away and the lease holds;

@@ -20,6 +20,8 @@ PREVIOUS_SECRET_VALID = timedelta(hours=24)
 MAX_URL = 2048
 #: the secret's random bytes (Standard Webhooks asks for 24 to 64)
 SECRET_BYTES = 32
+#: the most events one message may carry (an endpoint's `batch_size`)
+MAX_BATCH_SIZE = 100
 
 
 def new_secret() -> str:
@@ -111,6 +113,15 @@ def check_event_types(types: object) -> list[str]:
     return list(dict.fromkeys(types))
 
 
+def check_batch_size(size: object) -> int:
+    """1 to MAX_BATCH_SIZE events a message; InvalidRequest naming `batch_size`."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE:
+        raise InvalidRequest(
+            f"batch_size must be a whole number from 1 to {MAX_BATCH_SIZE}", "batch_size"
+        )
+    return size
+
+
 class WebhookEndpoints:
     """Endpoints of one ledger; each method raises the typed errors of hongbao.errors."""
 
@@ -118,12 +129,17 @@ class WebhookEndpoints:
         self.store = WebhookStore(ledger)
         self.hosts = hosts
 
-    async def create(self, url: str, event_types: Sequence[str]) -> EndpointRecord:
+    async def create(
+        self, url: str, event_types: Sequence[str], *, batch_size: int = 1
+    ) -> EndpointRecord:
+        """A new endpoint; `batch_size` above 1 sends it up to that many events of one
+        subject in one message (hongbao.webhooks.dispatcher)."""
         return await self.store.create_endpoint(
             new_endpoint_id(),
             check_url(url, self.hosts),
             check_event_types(list(event_types)),
             new_secret(),
+            check_batch_size(batch_size),
         )
 
     async def list(self) -> list[EndpointRecord]:
