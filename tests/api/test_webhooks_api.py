@@ -44,6 +44,7 @@ async def test_only_admins_manage_webhooks(client: httpx.AsyncClient) -> None:
         ("POST", "/v1/webhooks", {"url": "http://127.0.0.1:9/x", "events": ["claim.settled"]}),
         ("GET", "/v1/webhooks", None),
         ("GET", f"/v1/webhooks/{made['id']}", None),
+        ("PATCH", f"/v1/webhooks/{made['id']}", {"batch_size": 5}),
         ("DELETE", f"/v1/webhooks/{made['id']}", None),
         ("POST", f"/v1/webhooks/{made['id']}/rotate-secret", None),
         ("POST", f"/v1/webhooks/{made['id']}/enable", None),
@@ -110,6 +111,61 @@ async def test_a_registered_endpoint_receives_signed_events(
         await client.post("/v1/webhooks/we_nothing/enable", headers=ADMIN),
     ):
         assert (missing.status_code, missing.json()["code"]) == (404, "webhook_not_found")
+
+
+async def test_a_patch_changes_the_batch_size_and_keeps_the_secret(
+    receiver: Receiver, client: httpx.AsyncClient
+) -> None:
+    made = await register(client, receiver.url, ["wallet.deposited"])
+    receiver.secrets = [made["secret"]]
+    await deposit(client, "alice", 500)
+    assert await arrived(receiver, 1) == 1
+    r = await client.patch(f"/v1/webhooks/{made['id']}", json={"batch_size": 10}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    changed = r.json()
+    assert (changed["id"], changed["batch_size"], changed["events"]) == (
+        made["id"],
+        10,
+        ["wallet.deposited"],
+    )
+    assert "secret" not in changed
+    for n in range(3):
+        await deposit(client, "bob", 100 + n)
+    assert await arrived(receiver, 4) == 4
+    # from then on every message is a batch, still signed with the same secret
+    assert receiver.messages[0][0] == receiver.got[0].id
+    assert all(m.startswith("msg_") for m, _ in receiver.messages[1:])
+    assert [r.data["amount"] for r in receiver.got[1:]] == [100, 101, 102]
+    assert receiver.refused == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "body"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": None, "url": None}, "body"),
+        ({"url": "ftp://127.0.0.1/hook"}, "url"),
+        ({"events": []}, "events"),
+        ({"events": ["claim.sent"]}, "events"),
+        ({"secret": "whsec_x"}, "secret"),
+    ],
+)
+async def test_a_bad_patch_is_a_422_and_changes_nothing(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str
+) -> None:
+    made = await register(client, "http://127.0.0.1:9/hook", ["claim.settled"])
+    r = await client.patch(f"/v1/webhooks/{made['id']}", json=body, headers=ADMIN)
+    assert r.status_code == 422, r.text
+    assert (r.json()["code"], r.json()["field"]) == ("invalid_request", field)
+    shown = (await client.get(f"/v1/webhooks/{made['id']}", headers=ADMIN)).json()
+    assert {k: shown[k] for k in ("url", "events", "batch_size")} == {
+        "url": "http://127.0.0.1:9/hook",
+        "events": ["claim.settled"],
+        "batch_size": 1,
+    }
+    missing = await client.patch("/v1/webhooks/we_nothing", json={"batch_size": 2}, headers=ADMIN)
+    assert (missing.status_code, missing.json()["code"]) == (404, "webhook_not_found")
 
 
 async def test_after_a_rotation_both_secrets_sign(

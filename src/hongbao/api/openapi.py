@@ -37,7 +37,7 @@ from hongbao.api.schemas import (
     WalletOut,
 )
 from hongbao.api.webhooks import MODELS as WEBHOOK_MODELS
-from hongbao.api.webhooks import WebhookRequest
+from hongbao.api.webhooks import WebhookRequest, WebhookUpdate
 from hongbao.api.withdrawals import MODELS as WITHDRAWAL_MODELS
 from hongbao.domain.ids import PACKET_ID_PATTERN, USER_ID_PATTERN
 from hongbao.settings import Settings
@@ -60,6 +60,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     *((model, "serialization") for model in HISTORY_MODELS),
     *WITHDRAWAL_MODELS,
     (WebhookRequest, "validation"),
+    (WebhookUpdate, "validation"),
     *((model, "serialization") for model in WEBHOOK_MODELS),
 ]
 

@@ -283,6 +283,16 @@ def webhook_paths() -> dict[str, Any]:
                 "WebhookOut",
                 [401, 403, 404, 503],
             ),
+            "patch": operation(
+                "updateWebhook",
+                "Change an endpoint's URL, event types or batch size; its secret and its "
+                "queued events stay (admin only)",
+                [webhook],
+                body("WebhookUpdate"),
+                200,
+                "WebhookOut",
+                [400, 401, 403, 404, 413, 415, 422, 503],
+            ),
             "delete": deleted,
         },
         "/v1/webhooks/{webhook_id}/rotate-secret": {

@@ -3,6 +3,8 @@
 - ``POST /v1/webhooks`` ``{"url", "events", "batch_size"?}``: register one; the answer
   carries its signing secret (``whsec_…``), shown here and on rotation only;
 - ``GET /v1/webhooks``, ``GET /v1/webhooks/{webhook_id}``: the endpoints;
+- ``PATCH /v1/webhooks/{webhook_id}`` ``{"url"?, "events"?, "batch_size"?}``: change
+  them; the secret and the queued events stay;
 - ``DELETE /v1/webhooks/{webhook_id}``: remove it (nothing more is sent to it);
 - ``POST /v1/webhooks/{webhook_id}/rotate-secret``: a new secret; the old one signs
   too for 24 hours;
@@ -25,7 +27,7 @@ from starlette.routing import Route
 
 from hongbao.api.routes import Api, read_json, route_by_method
 from hongbao.api.schemas import iso
-from hongbao.errors import Forbidden
+from hongbao.errors import Forbidden, InvalidRequest
 from hongbao.ledger.outbox import EVENT_TYPES, EventType
 from hongbao.ledger.webhook_records import EndpointRecord
 from hongbao.webhooks.endpoints import MAX_BATCH_SIZE, MAX_URL
@@ -46,6 +48,22 @@ class WebhookRequest(BaseModel):
         le=MAX_BATCH_SIZE,
         description='the most events one message carries; above 1 the body is {"type": '
         '"batch", "data": {"events": [...]}}, the events of one subject in order',
+    )
+
+
+class WebhookUpdate(BaseModel):
+    """What a PATCH changes: any of the registration's fields, at least one."""
+
+    model_config = {"extra": "forbid", "strict": True}
+
+    url: str | None = Field(
+        default=None, min_length=1, max_length=MAX_URL, description="http:// or https:// URL"
+    )
+    events: list[EventType] | None = Field(
+        default=None, min_length=1, max_length=len(EVENT_TYPES), description="the event types"
+    )
+    batch_size: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH_SIZE, description="the most events one message carries"
     )
 
 
@@ -105,7 +123,10 @@ class WebhooksApi:
     def routes(self) -> list[Route]:
         return [
             route_by_method("/v1/webhooks", {"GET": self.list, "POST": self.create}),
-            route_by_method("/v1/webhooks/{webhook_id}", {"GET": self.get, "DELETE": self.delete}),
+            route_by_method(
+                "/v1/webhooks/{webhook_id}",
+                {"GET": self.get, "PATCH": self.update, "DELETE": self.delete},
+            ),
             Route("/v1/webhooks/{webhook_id}/rotate-secret", self.rotate, methods=["POST"]),
             Route("/v1/webhooks/{webhook_id}/enable", self.enable, methods=["POST"]),
         ]
@@ -131,6 +152,19 @@ class WebhooksApi:
     async def get(self, request: Request) -> Response:
         await self.admin(request)
         endpoint = await self.api.service.webhooks.get(request.path_params["webhook_id"])
+        return JSONResponse(webhook_json(endpoint))
+
+    async def update(self, request: Request) -> Response:
+        await self.admin(request)
+        body = await read_json(request, WebhookUpdate)
+        if body.url is None and body.events is None and body.batch_size is None:
+            raise InvalidRequest("give at least one of url, events and batch_size", "body")
+        endpoint = await self.api.service.webhooks.update(
+            request.path_params["webhook_id"],
+            url=body.url,
+            event_types=body.events,
+            batch_size=body.batch_size,
+        )
         return JSONResponse(webhook_json(endpoint))
 
     async def delete(self, request: Request) -> Response:

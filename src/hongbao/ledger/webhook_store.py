@@ -124,6 +124,39 @@ class WebhookStore:
             return None
         return await self.endpoint(endpoint_id)
 
+    async def update_endpoint(
+        self,
+        endpoint_id: str,
+        *,
+        url: str | None = None,
+        event_types: Sequence[str] | None = None,
+        batch_size: int | None = None,
+    ) -> EndpointRecord | None:
+        """Change what is given of an endpoint's URL, event types and batch size; None if
+        there is no such endpoint. Deliveries already queued keep their events and go to
+        the endpoint as it is when they are sent."""
+        values: dict[str, object] = {}
+        if url is not None:
+            values["url"] = url
+        if event_types is not None:
+            values["event_types"] = json.dumps(list(event_types))
+        if batch_size is not None:
+            values["batch_size"] = batch_size
+
+        async def work(conn: AsyncConnection) -> bool:
+            found = await conn.scalar(
+                sa.select(_E.c.id).where(_E.c.id == endpoint_id).with_for_update()
+            )
+            if found is None:
+                return False
+            if values:
+                await conn.execute(_E.update().where(_E.c.id == endpoint_id).values(**values))
+            return True
+
+        if not await self.ledger.transaction(work):
+            return None
+        return await self.endpoint(endpoint_id)
+
     async def disable_endpoint(self, endpoint_id: str, reason: str) -> None:
         """Stop an endpoint: it receives no new event, and its pending deliveries are
         parked (an operator may retry them once it is enabled again)."""

@@ -142,6 +142,25 @@ class WebhookEndpoints:
             check_batch_size(batch_size),
         )
 
+    async def update(
+        self,
+        endpoint_id: str,
+        *,
+        url: str | None = None,
+        event_types: Sequence[str] | None = None,
+        batch_size: int | None = None,
+    ) -> EndpointRecord:
+        """Change what is given (checked as on create); the secret and the queue stay."""
+        found = await self.store.update_endpoint(
+            endpoint_id,
+            url=None if url is None else check_url(url, self.hosts),
+            event_types=None if event_types is None else check_event_types(list(event_types)),
+            batch_size=None if batch_size is None else check_batch_size(batch_size),
+        )
+        if found is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
+        return found
+
     async def list(self) -> list[EndpointRecord]:
         return await self.store.endpoints()
 
