@@ -89,7 +89,7 @@ async def test_failures_retry_with_backoff_then_park_and_operators_retry_them(
     assert run_cli("webhooks", "failed", *url).returncode == 0
 
 
-async def test_a_failed_batch_is_resent_whole_under_its_id_and_parks_together(
+async def test_a_failed_batch_is_resent_whole_under_its_id_until_its_events_park(
     receiver: Receiver, service: Hongbao, settings: Settings, sql_url: str
 ) -> None:
     endpoint = await service.webhooks.create(receiver.url, ["wallet.deposited"], batch_size=10)

@@ -15,11 +15,12 @@ concurrently, up to `webhook_concurrency`.
 An endpoint whose `batch_size` is above 1 gets up to that many of a queue's leased
 deliveries in one message, ``{"id", "type": "batch", "timestamp", "data": {"events":
 [...]}}``, each element the body its event would have alone, in order. A message costs
-a receiver and the dispatcher about the same whatever it carries, so this is how
-deliveries keep pace with a storm's claims: a batch holds what waited while the one
-before it was sent, so messages grow with the backlog and stay single while there is
-none. The message's id is derived from its events' ids, the same on a resend of the same
-events; a batch that fails is retried as a whole, and its events park together.
+a receiver and the dispatcher about the same whatever it carries, so a batch shares
+that cost among its events. A batch holds what waited while the one before it was sent:
+messages grow with the backlog and carry one event while there is none. The message's
+id is derived from its events' ids, the same on a resend of the same events. A batch
+that fails is retried as a whole: its events share the head's retry time, and each is
+parked once that time falls outside its own retry window.
 
 A failed attempt (no answer, or a status other than 2xx) is retried after a wait that
 doubles from 1 s up to `webhook_max_backoff`, each drawn between half and all of its
