@@ -120,14 +120,17 @@ def test_receiver_down_20s_during_the_storm(
     everything_arrives(stack, receiver, f"receiver down 20 s, batches of {batch_size}")
 
 
-def test_dispatcher_killed_mid_delivery(make_stack: Any, receiver: Receiver) -> None:
+@pytest.mark.parametrize("batch_size", [1, 100])
+def test_dispatcher_killed_mid_delivery(
+    make_stack: Any, receiver: Receiver, batch_size: int
+) -> None:
     stack: Stack = make_stack(**FAST)
-    register(stack, receiver)
+    register(stack, receiver, batch_size)
     ids = setup_packets(stack.urls[0], 4, 250)
     load = Load(stack.urls, ids, users(300), rate=500).start()
     kill_worker_repeatedly(stack, 3, every=1.0)
     load.wait()
-    everything_arrives(stack, receiver, "dispatcher kill -9 (x3)")
+    everything_arrives(stack, receiver, f"dispatcher kill -9 (x3), batches of {batch_size}")
 
 
 def test_database_stopped_10s(make_stack: Any, receiver: Receiver, pg: PgCluster) -> None:
