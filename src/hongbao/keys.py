@@ -87,3 +87,6 @@ def rate_limit_key(scope: str, subject: str) -> str:
 REVOKED_KEY = f"{PREFIX}:{{auth}}:revoked"
 #: bumped on every revocation, so that API processes poll one small value
 REVOKED_VERSION_KEY = f"{PREFIX}:{{auth}}:revoked:v"
+#: how far behind the grabs the ledger is, ms: the persisters report it, API workers read
+#: it to pace grabs (hongbao.pace); it expires when no persister reports
+SETTLE_LAG_KEY = f"{PREFIX}:settle:lag"

@@ -243,6 +243,12 @@ class Metrics:
             "Events parked in the dead-letter streams.",
             registry=self.registry,
         )
+        self.settle_lag = Gauge(
+            "hongbao_settlement_lag_seconds",
+            "How far behind the grabs the ledger is, as a persister last reported it: the "
+            "age of the oldest entry in its last batch (0 when none reported for 5 s).",
+            registry=self.registry,
+        )
         self.withdrawals = WithdrawalTotals()
         self.registry.register(self.withdrawals)
         self.webhook_deliveries = Gauge(
@@ -280,10 +286,12 @@ class Metrics:
         """Read the gauges from Redis; False (gauges unchanged) if Redis does not answer."""
         try:
             backlog, parked = await store.stream_lengths()
+            lag_ms = await store.settle_lag_ms()
         except StorageError:
             return False
         self.backlog.set(backlog)
         self.dead_letters.set(parked)
+        self.settle_lag.set((lag_ms or 0) / 1000)
         return True
 
     def render(self) -> bytes:

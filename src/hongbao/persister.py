@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from hongbao.domain.moments import from_ms
 from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
+from hongbao.pace import REPORT_TTL_MS
 from hongbao.settings import Settings
 from hongbao.storage.codec import Refund, decode_entry
 from hongbao.storage.redis import Event, Pending, RedisStore
@@ -230,7 +232,8 @@ class Persister:
         events = await self._take_read_ahead() or await self._read(self.settings.persister_block_ms)
         if events:
             self._read_ahead = asyncio.ensure_future(self._read(None))
-        handled += await self.handle(events)
+            handled += await self.handle(events)
+            await self._report_lag(events)
         return handled
 
     async def _read(self, block_ms: int | None) -> list[Event]:
@@ -288,6 +291,16 @@ class Persister:
                 await self.store.ack(stream, ids)
             self.stats.batches += 1
         return len(events)
+
+    async def _report_lag(self, events: Sequence[Event]) -> None:
+        """Report how far behind the grabs the ledger is (hongbao.pace): the age of the
+        oldest entry of a batch just read and applied, from the time in its stream id.
+        Entries taken over from a dead consumer are old for another reason, and say
+        nothing of the pace."""
+        oldest = min(int(e.id.partition("-")[0]) for e in events)
+        lag_ms = max(0, int(time.time() * 1000) - oldest)
+        with contextlib.suppress(StorageError):
+            await self.store.report_settle_lag(lag_ms, REPORT_TTL_MS)
 
     async def _apply_in_slices(self, events: list[LedgerEvent]) -> list[str | None]:
         """The events in `self.lanes` lanes at once (`packet_lanes`), each lane's in slices of

@@ -53,6 +53,7 @@ from hongbao.history import History
 from hongbao.keys import PacketKeys
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import PacketRecord
+from hongbao.pace import SettlementPace
 from hongbao.ratelimit import RateLimiter
 from hongbao.rules import (
     CANCELLED_BEFORE,
@@ -111,6 +112,7 @@ class Hongbao:
         )
         #: per-user and per-IP limits on grabs and sends, shared by every API process
         self.limiter = RateLimiter(store, settings)
+        self.pace = SettlementPace(store, settings.settle_lag_target)
         #: when a grab is acknowledged (settings.ack_mode; see hongbao.durability)
         self.durability = make_durability(settings, store, ledger)
         #: money out of the wallets, paid by the host's payment system
@@ -270,6 +272,8 @@ class Hongbao:
         digests = None
         if passphrase is not None:
             digests = grab_digests(self.passphrase_keys, packet_id, passphrase)
+        if self.pace.target:
+            await self.pace.wait()
         submit = self.coalescer.submit
         status, seq, amount, at = await submit(keys, user_id, actor, digests)
         if status is _UNKNOWN:  # Redis lacks the packet: load it, or ask SQL

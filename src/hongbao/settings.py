@@ -110,6 +110,10 @@ class Settings:
     #: persister is served first and the ledger keeps pace, at the cost of grabs/s; 0
     #: shares the CPU equally
     worker_nice: int = field(default=8, metadata=between(0, 19))
+    #: how far behind the grabs the ledger may fall, seconds, before API workers pause
+    #: grabs (hongbao.pace; 0: never). `serve` running its persister in-process sets 1
+    #: unless this is set
+    settle_lag_target: float = field(default=0.0, metadata=between(0, 3_600))
     #: persister: how long one read blocks waiting for new events, ms (0 would block
     #: forever; a read must end well within the Redis socket timeout of 5 s)
     persister_block_ms: int = field(default=200, metadata=between(1, 4_000))

@@ -537,6 +537,7 @@ async def test_health_ready_metrics_openapi(client: httpx.AsyncClient) -> None:
         assert f'hongbao_grabs_total{{outcome="{outcome}"}} 1.0' in text, outcome
     assert "hongbao_grab_seconds_count 5.0" in text
     assert "hongbao_persister_backlog " in text and "hongbao_dead_letters 0.0" in text
+    assert "hongbao_settlement_lag_seconds " in text
 
     r = await client.get("/openapi.json")
     doc = r.json()

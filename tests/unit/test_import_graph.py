@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "hongbao.persister",
             "hongbao.sweeper",
             "hongbao.ratelimit",
+            "hongbao.pace",
             "hongbao.audit",
             "hongbao.dead_letters",
             "hongbao.metrics",

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -40,6 +41,9 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
 #: variables that give every API host the same identity: without one of them a host
 #: would make a secret of its own, and tokens minted on one would fail on another
 SHARED_IDENTITY = ("HONGBAO_SECRET", "HONGBAO_JWT_JWKS_URL", "HONGBAO_JWT_PUBLIC_KEY_FILE")
+#: seconds the ledger may lag the grabs before the API pauses them, where serve runs its
+#: persister in-process and HONGBAO_SETTLE_LAG_TARGET is not set (hongbao.pace)
+SERVE_SETTLE_LAG_TARGET = 1.0
 
 
 class _Stop(BaseException):
@@ -273,6 +277,9 @@ def serve(
             "--no-persister needs --redis-url: on the embedded server this command's "
             "persister is the one that moves grabs into the ledger"
         )
+    pace = default_settle_lag_target(persister, os.environ)
+    if pace is not None:
+        os.environ["HONGBAO_SETTLE_LAG_TARGET"] = pace  # read by Settings.from_env (and workers)
     setup_logging(log_level)
     data_dir = data_dir.resolve()
     embedded = not redis_url
@@ -331,9 +338,7 @@ def serve(
                 demo_mode=demo,
                 metrics_address=metrics_address,
             )
-            _run_uvicorn(
-                app, listener, host, port, log_level.lower(), access_log, proxies, persister
-            )
+            _run_uvicorn(app, listener, host, port, log_level.lower(), access_log, proxies)
         else:
             metrics_dir = workers_folder(data_dir)
             os.environ.update(
@@ -352,9 +357,7 @@ def serve(
                 background = BackgroundWorkers(settings)
                 background.start()
             nice = settings.worker_nice if persister else 0
-            _run_workers(
-                host, port, log_level.lower(), access_log, proxies, workers, nice, persister
-            )
+            _run_workers(host, port, log_level.lower(), access_log, proxies, workers, nice)
     except _Stop:
         pass
     finally:
@@ -375,6 +378,15 @@ def serve(
                 signal.signal(s, handler)
     if supervisor is not None and supervisor.gave_up:
         fail("the embedded Redis server could not be kept running (see the log above)", 1)
+
+
+def default_settle_lag_target(settles: bool, environ: Mapping[str, str]) -> str | None:
+    """HONGBAO_SETTLE_LAG_TARGET for a `serve` that runs its persister in-process
+    (`settles`) and was given none: its API and its persister share the machine, so
+    grabs pause while the ledger lags (hongbao.pace). None: leave the setting as it is."""
+    if settles and not environ.get("HONGBAO_SETTLE_LAG_TARGET", "").strip():
+        return str(SERVE_SETTLE_LAG_TARGET)
+    return None
 
 
 def _start_embedded(data_dir: Path, settings: Settings) -> Supervisor:
@@ -402,29 +414,17 @@ def _run_uvicorn(
     level: str,
     access_log: bool,
     proxies: list[str],
-    settles: bool,
 ) -> None:
-    """One API process: uvicorn on the socket bound at the start (see `_answer_grabs`
-    for `settles`)."""
+    """One API process: uvicorn on the socket bound at the start."""
     import uvicorn
 
     from hongbao.serving.workers import uvicorn_options
 
-    options = uvicorn_options(host, port, level, access_log, proxies, _answer_grabs(settles))
+    options = uvicorn_options(host, port, level, access_log, proxies)
     server = uvicorn.Server(uvicorn.Config(app, **options))
     server.run(sockets=[listener])
     if not server.started:
         fail("the API could not start (see the log above)", 1)
-
-
-def _answer_grabs(settles: bool) -> bool:
-    """Whether plain grabs are answered from the HTTP parser (`GrabProtocol`): on an API
-    node, yes; not where this command also settles (the embedded default's persister).
-    Nothing yet slows grabs down when settlement falls behind, and one SQLite writer
-    settles about 18,000 claims a second beside the API on two cores: the parser path
-    lets the API take grabs faster than that, and a 60 s storm's settlement lag grew to
-    11 s (docs/performance.md, Settlement)."""
-    return not settles
 
 
 def _run_workers(
@@ -435,16 +435,13 @@ def _run_workers(
     proxies: list[str],
     workers: int,
     nice: int,
-    settles: bool,
 ) -> None:
     """N API processes, each with the app built from the environment set above, `nice`
-    steps below this process (the persister's) in scheduling priority (see
-    `_answer_grabs` for `settles`)."""
+    steps below this process (the persister's) in scheduling priority."""
     from hongbao.serving.workers import serve_workers, uvicorn_options
 
-    answer_grabs = _answer_grabs(settles)
     options = {
-        **uvicorn_options(host, port, level, access_log, proxies, answer_grabs),
+        **uvicorn_options(host, port, level, access_log, proxies),
         "factory": True,
     }
     with friendly_errors():

@@ -55,14 +55,12 @@ def uvicorn_options(
     log_level: str,
     access_log: bool,
     trusted_proxies: list[str],
-    answer_grabs: bool = True,
 ) -> dict[str, Any]:
     """The uvicorn settings `hongbao serve` runs with (the bench's hello-world too).
 
     X-Forwarded-For and X-Forwarded-Proto are believed only from `trusted_proxies`
     (addresses or CIDRs); with none, the socket peer is the client, whatever it sends.
-    With `answer_grabs`, plain grabs are answered from the HTTP parser (`GrabProtocol`);
-    without, every request takes uvicorn's ASGI cycle."""
+    Plain grabs are answered from the HTTP parser (`GrabProtocol`)."""
     return {
         "host": host,
         "port": port,
@@ -71,7 +69,7 @@ def uvicorn_options(
         "lifespan": "on",
         "timeout_graceful_shutdown": SHUTDOWN_TIMEOUT,
         "server_header": False,
-        "http": GrabProtocol if answer_grabs else "auto",
+        "http": GrabProtocol,
         "proxy_headers": bool(trusted_proxies),
         "forwarded_allow_ips": ",".join(trusted_proxies) or None,
     }

@@ -22,6 +22,7 @@ from hongbao.keys import (
     PERSISTER_GROUP,
     REVOKED_KEY,
     REVOKED_VERSION_KEY,
+    SETTLE_LAG_KEY,
     PacketKeys,
     bucket_of_key,
     dead_letter_key,
@@ -382,6 +383,17 @@ class RedisStore:
         pairs = iter(flat)
         table = {str(user): int(at) for user, at in zip(pairs, pairs, strict=True)}
         return (None if version is None else int(version)), table
+
+    # -- settlement lag ------------------------------------------------------------
+
+    async def report_settle_lag(self, lag_ms: int, ttl_ms: int) -> None:
+        """Record how far behind the grabs the ledger is, for `ttl_ms`."""
+        await self._call(self.client.set(SETTLE_LAG_KEY, lag_ms, px=ttl_ms))
+
+    async def settle_lag_ms(self) -> int | None:
+        """The last settlement lag a persister reported, ms; None once it expired."""
+        raw = await self._call(self.client.get(SETTLE_LAG_KEY))
+        return None if raw is None else int(raw)
 
     # -- rate limits -------------------------------------------------------------
 
