@@ -9,8 +9,9 @@ expires when no persister reports. Every API process reads it at most every
 grab before its script runs: `PAUSE_PER_LAG_SECOND` for each second beyond that, up to
 `MAX_PAUSE`. A client that waits for its answer (an app, a browser, a load tester with a
 fixed set of connections) then sends fewer grabs, and the lag settles where the grabs
-come in as fast as the persister settles them, around the target. A grab is never
-refused for it; and where no persister reports, nothing is paused.
+come in as fast as the persister settles them: above half the target, by the pause
+that rate takes. A grab is never refused for it; and where no persister reports,
+nothing is paused.
 """
 
 from __future__ import annotations

@@ -151,40 +151,41 @@ class WebhookEndpoints:
         batch_size: int | None = None,
     ) -> EndpointRecord:
         """Change what is given (checked as on create); the secret and the queue stay."""
-        found = await self.store.update_endpoint(
+        updated = await self.store.update_endpoint(
             endpoint_id,
             url=None if url is None else check_url(url, self.hosts),
             event_types=None if event_types is None else check_event_types(list(event_types)),
             batch_size=None if batch_size is None else check_batch_size(batch_size),
         )
-        if found is None:
-            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
-        return found
+        return _found(updated, endpoint_id)
 
     async def list(self) -> list[EndpointRecord]:
         return await self.store.endpoints()
 
     async def get(self, endpoint_id: str) -> EndpointRecord:
-        found = await self.store.endpoint(endpoint_id)
-        if found is None:
-            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
-        return found
+        return _found(await self.store.endpoint(endpoint_id), endpoint_id)
 
     async def delete(self, endpoint_id: str) -> None:
         if not await self.store.delete_endpoint(endpoint_id):
-            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
+            raise _not_found(endpoint_id)
 
     async def rotate_secret(self, endpoint_id: str) -> EndpointRecord:
         """A new secret; the current one also signs for PREVIOUS_SECRET_VALID."""
-        found = await self.store.rotate_secret(endpoint_id, new_secret(), PREVIOUS_SECRET_VALID)
-        if found is None:
-            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
-        return found
+        rotated = await self.store.rotate_secret(endpoint_id, new_secret(), PREVIOUS_SECRET_VALID)
+        return _found(rotated, endpoint_id)
 
     async def enable(self, endpoint_id: str) -> EndpointRecord:
         """Let a disabled endpoint receive events again; its parked deliveries stay parked
         until an operator retries them."""
-        found = await self.store.enable_endpoint(endpoint_id)
-        if found is None:
-            raise WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
-        return found
+        return _found(await self.store.enable_endpoint(endpoint_id), endpoint_id)
+
+
+def _found(endpoint: EndpointRecord | None, endpoint_id: str) -> EndpointRecord:
+    """`endpoint`, or WebhookNotFound naming `endpoint_id` when there is none."""
+    if endpoint is None:
+        raise _not_found(endpoint_id)
+    return endpoint
+
+
+def _not_found(endpoint_id: str) -> WebhookNotFound:
+    return WebhookNotFound(f"no webhook endpoint {endpoint_id[:40]!r}")
