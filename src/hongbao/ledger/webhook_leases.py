@@ -81,14 +81,14 @@ async def _lease(
     if not heads:
         return []
     queues = await _queues(conn, now, heads, batch)
-    ids = [d for queue in queues for d, _ in queue]
+    ids = [d.delivery_id for queue in queues for d in queue]
     if ids:
         await conn.execute(
             _D.update()
             .where(among(conn, _D.c.id, ids))
             .values(leased_until=now + lease_for, leased_by=owner)
         )
-    return await _with_events(conn, queues)
+    return queues
 
 
 async def settle(
@@ -245,78 +245,40 @@ async def _due_heads(conn: AsyncConnection, now: datetime, limit: int) -> list[i
 
 async def _queues(
     conn: AsyncConnection, now: datetime, heads: list[int], batch: int
-) -> list[list[tuple[int, str]]]:
+) -> list[list[LeasedDelivery]]:
     """For each head, it and the pending deliveries after it of its (endpoint, subject),
-    while they are due and unleased, at most `batch`: [(delivery id, event id)] each. A
-    head that is not its queue's first pending delivery leases nothing. One short read
-    per head (an index range of `ix_deliveries_queue`), whatever the backlog."""
+    while they are due and unleased, at most `batch`, each read with its event. A head
+    that is not its queue's first pending delivery leases nothing. One short read per
+    head (an index range of `ix_deliveries_queue`, each row joined to its event by key),
+    whatever the backlog."""
     pairs = (
         await conn.execute(
             sa.select(_D.c.id, _D.c.endpoint_id, _D.c.subject).where(among(conn, _D.c.id, heads))
         )
     ).all()
-    out: list[list[tuple[int, str]]] = []
-    for head in sorted(pairs, key=lambda r: int(r.id)):
-        rows = await conn.execute(
-            sa.select(_D.c.id, _D.c.event_id, _D.c.next_attempt_at, _D.c.leased_until)
-            .where(
-                _D.c.endpoint_id == head.endpoint_id,
-                _D.c.subject == head.subject,
-                _D.c.status == "pending",
-            )
-            .order_by(_D.c.id)
-            .limit(batch)
-        )
-        queue: list[tuple[int, str]] = []
-        for r in rows:
-            leased = r.leased_until is not None and r.leased_until >= now
-            if (not queue and int(r.id) != int(head.id)) or r.next_attempt_at > now or leased:
-                break
-            queue.append((int(r.id), r.event_id))
-        if queue:
-            out.append(queue)
-    return out
-
-
-async def _with_events(
-    conn: AsyncConnection, queues: list[list[tuple[int, str]]]
-) -> list[list[LeasedDelivery]]:
-    ids = [d for queue in queues for d, _ in queue]
-    rows = {
-        int(r.id): r
-        for r in await conn.execute(
-            sa.select(
-                _D.c.id,
-                _D.c.endpoint_id,
-                _D.c.subject,
-                _D.c.attempts,
-                _D.c.created_at,
-                _D.c.requeued_at,
-                events.c.id.label("event_id"),
-                events.c.type,
-                events.c.payload,
-                events.c.created_at.label("event_created_at"),
-            )
-            .join(events, events.c.id == _D.c.event_id)
-            .where(among(conn, _D.c.id, ids))
-        )
-    }
-    endpoint_ids = sorted({r.endpoint_id for r in rows.values()})
+    endpoint_ids = sorted({r.endpoint_id for r in pairs})
     endpoints = {
         r.id: endpoint_from_row(r)
         for r in await conn.execute(sa.select(_E).where(_E.c.id.in_(endpoint_ids)))
     }
     out: list[list[LeasedDelivery]] = []
-    for queue in queues:
-        leased = []
-        for delivery_id, _ in queue:
-            r = rows[delivery_id]
-            leased.append(
+    for head in sorted(pairs, key=lambda r: int(r.id)):
+        endpoint = endpoints[head.endpoint_id]
+        rows = await conn.execute(
+            _QUEUE_WITH_EVENTS,
+            {"endpoint_id": head.endpoint_id, "subject": head.subject, "batch": batch},
+        )
+        queue: list[LeasedDelivery] = []
+        for r in rows:
+            leased = r.leased_until is not None and r.leased_until >= now
+            if (not queue and int(r.id) != int(head.id)) or r.next_attempt_at > now or leased:
+                break
+            queue.append(
                 LeasedDelivery(
                     id=r.event_id,
-                    delivery_id=delivery_id,
-                    endpoint=endpoints[r.endpoint_id],
-                    subject=r.subject,
+                    delivery_id=int(r.id),
+                    endpoint=endpoint,
+                    subject=head.subject,
                     attempts=int(r.attempts),
                     retry_from=from_db(r.requeued_at or r.created_at),
                     event_type=r.type,
@@ -324,5 +286,36 @@ async def _with_events(
                     event_created_at=from_db(r.event_created_at),
                 )
             )
-        out.append(leased)
+        if queue:
+            out.append(queue)
     return out
+
+
+def _queue_with_events() -> sa.Select[Any]:
+    """The pending deliveries of :endpoint_id and :subject in id order, at most :batch,
+    each with its event. Built once: every lease asks it for every queue."""
+    return (
+        sa.select(
+            _D.c.id,
+            _D.c.next_attempt_at,
+            _D.c.leased_until,
+            _D.c.attempts,
+            _D.c.created_at,
+            _D.c.requeued_at,
+            events.c.id.label("event_id"),
+            events.c.type,
+            events.c.payload,
+            events.c.created_at.label("event_created_at"),
+        )
+        .join(events, events.c.id == _D.c.event_id)
+        .where(
+            _D.c.endpoint_id == sa.bindparam("endpoint_id", type_=_D.c.endpoint_id.type),
+            _D.c.subject == sa.bindparam("subject", type_=_D.c.subject.type),
+            _D.c.status == "pending",
+        )
+        .order_by(_D.c.id)
+        .limit(sa.bindparam("batch", type_=sa.Integer))
+    )
+
+
+_QUEUE_WITH_EVENTS = _queue_with_events()
