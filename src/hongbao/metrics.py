@@ -253,8 +253,9 @@ class Metrics:
         self.registry.register(self.withdrawals)
         self.webhook_deliveries = Gauge(
             "hongbao_webhook_deliveries",
-            "Webhook deliveries by status: pending, delivered, parked (retries ran out, or "
-            "its endpoint was disabled), and failing (pending after a failed attempt).",
+            "Webhook events by the status of the deliveries that carry them: pending, "
+            "delivered, parked (retries ran out, or its endpoint was disabled), and failing "
+            "(pending after a failed attempt).",
             ["status"],
             registry=self.registry,
         )

@@ -16,7 +16,12 @@ from hongbao.ledger.schema import events, webhook_deliveries, webhook_endpoints
 
 
 async def add_endpoint(
-    ledger: SqlLedger, endpoint_id: str, types: list[str], *, enabled: bool = True
+    ledger: SqlLedger,
+    endpoint_id: str,
+    types: list[str],
+    *,
+    enabled: bool = True,
+    batch_size: int = 1,
 ) -> None:
     async with ledger.engine.begin() as conn:
         await conn.execute(
@@ -27,6 +32,7 @@ async def add_endpoint(
                 secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                 enabled=enabled,
                 created_at=utcnow(),
+                batch_size=batch_size,
             )
         )
 
@@ -94,3 +100,42 @@ async def test_a_rolled_back_change_leaves_no_event(ledger: SqlLedger) -> None:
     with pytest.raises(RuntimeError):
         await ledger.transaction(work)
     assert await counts(ledger) == (0, 0)
+
+
+async def test_an_endpoint_that_takes_batches_gets_a_delivery_per_subject_and_batch(
+    ledger: SqlLedger,
+) -> None:
+    await add_endpoint(ledger, "we_batch", ["claim.settled"], batch_size=3)
+    await add_endpoint(ledger, "we_one", ["claim.settled"])
+    batch = [settled("p1", n) for n in range(1, 6)]
+    batch[1:1] = [settled("p2", 1), settled("p2", 2)]  # subjects interleave in a commit
+
+    async def work(conn: AsyncConnection) -> int:
+        return await record_events(conn, batch)
+
+    assert await ledger.transaction(work) == 7
+    d = webhook_deliveries.c
+    async with ledger.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                sa.select(
+                    d.endpoint_id, d.subject, d.event_id, d.more_event_ids, d.event_count
+                ).order_by(d.id)
+            )
+        ).all()
+    by_id = {e.id: (e.subject, e.payload["n"]) for e in batch}
+
+    def carried(row: sa.Row[tuple[str, str, str, str | None, int]]) -> list[tuple[str, int]]:
+        ids = [row.event_id, *(row.more_event_ids.split(",") if row.more_event_ids else [])]
+        assert row.event_count == len(ids)
+        assert {by_id[i][0] for i in ids} == {row.subject}
+        return [by_id[i] for i in ids]
+
+    batched = [carried(r) for r in rows if r.endpoint_id == "we_batch"]
+    assert batched == [
+        [("packet:p1", 1), ("packet:p1", 2), ("packet:p1", 3)],
+        [("packet:p1", 4), ("packet:p1", 5)],
+        [("packet:p2", 1), ("packet:p2", 2)],
+    ]
+    singles = [carried(r) for r in rows if r.endpoint_id == "we_one"]
+    assert sorted(s for (s,) in singles) == sorted(by_id.values())

@@ -143,3 +143,25 @@ async def test_the_heads_of_every_endpoint_and_subject_are_found_oldest_first(
     await store.settle("x", [], [], [first[0][0].delivery_id])
     again = await store.lease("z", heads=10, batch=10, lease_for=LEASE)
     assert seen(again) == [(first[0][0].endpoint.id, "packet:p3", [1, 2, 3])]
+
+
+async def test_deliveries_that_carry_several_events_are_leased_whole_up_to_a_batch(
+    ledger: SqlLedger,
+) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"], batch_size=3)
+    store = WebhookStore(ledger)
+    await emit(ledger, "p1", 1, 5)  # deliveries [1, 2, 3] and [4, 5]
+    for n in (6, 7, 8):  # one event each
+        await emit(ledger, "p1", n, 1)
+    assert (await store.stats()).pending == 8
+
+    (queue,) = await store.lease("a", heads=1, batch=3, lease_for=LEASE)
+    assert numbers(queue) == [1, 2, 3] and len({d.delivery_id for d in queue}) == 1
+    # a delivery that does not fill the batch leaves room for the ones after it
+    queue = await go_on(store, "a", [(queue[0].delivery_id, 200)], queue[-1])
+    assert numbers(queue) == [4, 5, 6]
+    delivered = [(i, 200) for i in sorted({d.delivery_id for d in queue})]
+    queue = await go_on(store, "a", delivered, queue[-1], batch=10)
+    assert numbers(queue) == [7, 8]
+    stats = await store.stats()
+    assert (stats.pending, stats.delivered) == (2, 6)

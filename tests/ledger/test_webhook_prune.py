@@ -153,3 +153,16 @@ async def test_a_bad_age_or_batch_deletes_nothing(
         await WebhookStore(ledger).prune(older_than, batch=batch)
     deliveries, subjects = await left(ledger)
     assert len(deliveries) == 2 and len(subjects) == 2
+
+
+async def test_the_further_events_of_a_pending_delivery_stay(ledger: SqlLedger) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"], batch_size=10)
+    await emit(ledger, "waiting", 1, 3)  # one delivery of three events
+    await emit(ledger, "done", 1, 3)
+    await age(ledger, "waiting", "parked", OLD)
+    await age(ledger, "done", "delivered", OLD)
+
+    assert await WebhookStore(ledger).prune(MONTH) == (1, 3)
+    deliveries, subjects = await left(ledger)
+    assert deliveries == [("packet:waiting", "we_a", "parked")]
+    assert subjects == ["packet:waiting"] * 3

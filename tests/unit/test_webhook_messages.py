@@ -4,12 +4,20 @@ signed so that the `standardwebhooks` library verifies them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from standardwebhooks import Webhook
 
 from hongbao.ledger.webhook_records import EndpointRecord, LeasedDelivery
-from hongbao.webhooks.dispatcher import message, message_body, signature_headers
+from hongbao.webhooks.dispatcher import (
+    delivery_ids,
+    message,
+    message_body,
+    message_slices,
+    signature_headers,
+)
 from hongbao.webhooks.endpoints import new_secret
 
 START = datetime(2026, 11, 26, 4, 20, 29, 746_000, tzinfo=UTC)
@@ -83,3 +91,30 @@ def test_a_batch_resent_keeps_its_id_and_another_set_gets_another() -> None:
     # one event in a batch endpoint's message is still a batch: one shape per endpoint
     only_id, only_body = message(batch[:1])
     assert only_id != batch[0].id and json.loads(only_body)["type"] == "batch"
+
+
+def carried_by(sizes: list[int]) -> list[LeasedDelivery]:
+    """Deliveries of `sizes` events each (delivery ids 1, 2, ...), as a lease gives them."""
+    events = deliveries(endpoint(1), range(1, sum(sizes) + 1))
+    owners = [n for n, size in enumerate(sizes, 1) for _ in range(size)]
+    return [replace(e, delivery_id=owner) for e, owner in zip(events, owners, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "batch_size", "slices"),
+    [
+        ([1, 1, 1, 1], 1, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+        ([1, 1, 1, 1], 3, [(0, 3), (3, 4)]),
+        ([3, 3, 3], 5, [(0, 3), (3, 6), (6, 9)]),
+        ([2, 3, 1], 6, [(0, 6)]),
+        # a delivery larger than the endpoint takes now goes out in several messages
+        ([2, 5, 1], 3, [(0, 2), (2, 5), (5, 7), (7, 8)]),
+        ([4], 1, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+    ],
+)
+def test_messages_carry_whole_deliveries_up_to_the_batch_size(
+    sizes: list[int], batch_size: int, slices: list[tuple[int, int]]
+) -> None:
+    queue = carried_by(sizes)
+    assert message_slices(queue, batch_size) == slices
+    assert delivery_ids(queue) == list(range(1, len(sizes) + 1))

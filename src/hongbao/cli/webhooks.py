@@ -65,7 +65,7 @@ def _run(
 
 @app.command("list")
 def list_endpoints(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
-    """The endpoints, what they receive, and the deliveries by status."""
+    """The endpoints, what they receive, and their events by delivery status."""
 
     async def work(store: WebhookStore) -> None:
         endpoints, stats = await store.endpoints(), await store.stats()
@@ -77,7 +77,7 @@ def list_endpoints(database_url: DatabaseUrl = None, data_dir: DataDir = DEFAULT
             typer.echo("no webhook endpoints")
         oldest = "" if stats.oldest_pending is None else f", oldest since {stats.oldest_pending}"
         typer.echo(
-            f"deliveries: {stats.pending} pending ({stats.failing} failing{oldest}), "
+            f"events: {stats.pending} pending ({stats.failing} failing{oldest}), "
             f"{stats.delivered} delivered, {stats.parked} parked"
         )
 
@@ -96,8 +96,9 @@ def failed(
         rows = await store.failed(limit)
         for r in rows:
             status = r.last_status if r.last_status is not None else "-"
+            more = f" and {r.event_count - 1} more" if r.event_count > 1 else ""
             typer.echo(
-                f"{r.id}  {r.status}  {r.event_type}  {r.event_id}  {r.endpoint_id} {r.url}  "
+                f"{r.id}  {r.status}  {r.event_type}  {r.event_id}{more}  {r.endpoint_id} {r.url}  "
                 f"attempts {r.attempts}  last {status}: {r.last_error or ''}"
             )
         if not rows:

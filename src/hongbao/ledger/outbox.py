@@ -145,17 +145,27 @@ def wallet_deposited(user_id: str, amount: int, balance: int, actor: str | None)
     )
 
 
-async def subscribers(conn: AsyncConnection) -> dict[str, list[str]]:
-    """Event type -> the ids of the enabled endpoints that receive it."""
-    found: dict[str, list[str]] = {}
+@dataclass(frozen=True, slots=True)
+class Receiver:
+    """An enabled endpoint as the outbox sees it: its id and its `batch_size`."""
+
+    endpoint_id: str
+    batch_size: int
+
+
+async def subscribers(conn: AsyncConnection) -> dict[str, list[Receiver]]:
+    """Event type -> the enabled endpoints that receive it."""
+    found: dict[str, list[Receiver]] = {}
     rows = await conn.execute(
-        sa.select(webhook_endpoints.c.id, webhook_endpoints.c.event_types)
+        sa.select(
+            webhook_endpoints.c.id, webhook_endpoints.c.event_types, webhook_endpoints.c.batch_size
+        )
         .where(webhook_endpoints.c.enabled.is_(True))
         .order_by(webhook_endpoints.c.id)
     )
-    for endpoint_id, types in rows:
+    for endpoint_id, types, batch_size in rows:
         for event_type in json.loads(types):
-            found.setdefault(event_type, []).append(endpoint_id)
+            found.setdefault(event_type, []).append(Receiver(endpoint_id, int(batch_size)))
     return found
 
 
@@ -198,15 +208,40 @@ async def record_made_events(
         [
             {
                 "endpoint_id": endpoint_id,
-                "event_id": e.id,
-                "subject": e.subject,
+                "event_id": carried[0].id,
+                "more_event_ids": ",".join(e.id for e in carried[1:]) or None,
+                "event_count": len(carried),
+                "subject": carried[0].subject,
                 "status": "pending",
                 "attempts": 0,
                 "next_attempt_at": now,
                 "created_at": now,
             }
-            for e in wanted
-            for endpoint_id in receivers[e.type]
+            for endpoint_id, carried in deliveries(wanted, receivers)
         ],
     )
     return len(wanted)
+
+
+def deliveries(
+    wanted: Sequence[OutboxEvent], receivers: Mapping[str, Sequence[Receiver]]
+) -> list[tuple[str, list[OutboxEvent]]]:
+    """The deliveries of `wanted` (in commit order): (endpoint id, the events it
+    carries). An endpoint that takes one event a message gets a delivery per event; one
+    that takes batches gets the events of each subject in deliveries of up to its
+    `batch_size`, in order, so the dispatcher leases and settles a message's worth of
+    events as one row."""
+    per_endpoint: dict[Receiver, dict[str, list[OutboxEvent]]] = {}
+    for event in wanted:
+        for receiver in receivers[event.type]:
+            subjects = per_endpoint.setdefault(receiver, {})
+            subjects.setdefault(event.subject, []).append(event)
+    out: list[tuple[str, list[OutboxEvent]]] = []
+    for receiver, subjects in per_endpoint.items():
+        size = receiver.batch_size
+        for carried in subjects.values():
+            out.extend(
+                (receiver.endpoint_id, carried[start : start + size])
+                for start in range(0, len(carried), size)
+            )
+    return out

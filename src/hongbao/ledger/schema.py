@@ -295,14 +295,20 @@ webhook_endpoints = sa.Table(
     sa.Column("batch_size", sa.Integer, nullable=False, server_default="1"),
 )
 
-#: one event to one endpoint: pending until the receiver answers 2xx, parked when its
-#: retries run out
+#: events of one subject to one endpoint: one event, or for an endpoint that takes
+#: batches up to its `batch_size` events committed in one transaction; pending until the
+#: receiver answers 2xx, parked when its retries run out
 webhook_deliveries = sa.Table(
     "hb_webhook_deliveries",
     metadata,
     sa.Column("id", RowId, primary_key=True, autoincrement=True),
     sa.Column("endpoint_id", EndpointId, sa.ForeignKey("hb_webhook_endpoints.id"), nullable=False),
+    #: its first event
     sa.Column("event_id", EventId, sa.ForeignKey("hb_events.id"), nullable=False),
+    #: the ids of the events after the first, in order, comma-separated (NULL: one event)
+    sa.Column("more_event_ids", sa.Text, nullable=True),
+    #: how many events it carries
+    sa.Column("event_count", sa.Integer, nullable=False, server_default="1"),
     #: the event's subject, copied: the dispatcher sends one subject's deliveries in order
     sa.Column("subject", Reference, nullable=False),
     sa.Column("status", sa.String(16), nullable=False),

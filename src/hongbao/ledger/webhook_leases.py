@@ -7,7 +7,9 @@ deliveries with no earlier pending delivery of their (endpoint, subject) and no 
 lease, locking them with ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL, MariaDB;
 SQLite's writers are serialized by BEGIN IMMEDIATE, which has the same effect), and
 leases each head with the next pending deliveries of its (endpoint, subject), up to a
-batch, by writing `leased_until` and `leased_by`. A delivery behind a pending one is
+batch of events, by writing `leased_until` and `leased_by`. A delivery carries one
+event, or several for an endpoint that takes batches (see hongbao.ledger.outbox); it is
+leased, sent and settled whole. A delivery behind a pending one is
 never a head, so no other dispatcher can take a later delivery of a subject while an
 earlier one is leased or waiting for its retry. Settling (delivered, retry later,
 parked, released) only touches rows the dispatcher still holds (`leased_by`), so one
@@ -27,9 +29,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from hongbao.ledger.records import among, from_db, to_db, utcnow
+from hongbao.ledger.records import among, chunks, from_db, to_db, utcnow
 from hongbao.ledger.schema import events, webhook_deliveries, webhook_endpoints
-from hongbao.ledger.webhook_records import Failure, LeasedDelivery, endpoint_from_row
+from hongbao.ledger.webhook_records import (
+    EndpointRecord,
+    Failure,
+    LeasedDelivery,
+    endpoint_from_row,
+)
 
 _D = webhook_deliveries
 _E = webhook_endpoints
@@ -38,8 +45,8 @@ _E = webhook_endpoints
 async def lease(
     conn: AsyncConnection, owner: str, heads: int, batch: int, lease_for: timedelta
 ) -> list[list[LeasedDelivery]]:
-    """Lease up to `heads` (endpoint, subject) queues, up to `batch` deliveries of each,
-    in order; one list per queue."""
+    """Lease up to `heads` (endpoint, subject) queues, deliveries of each in order until
+    they carry `batch` events; one list of events per queue."""
     now = utcnow()
     chosen = await _due_heads(conn, now, heads)
     return await _lease(conn, owner, now, chosen, batch, lease_for)
@@ -53,7 +60,8 @@ async def settle_and_lease_next(
     lease_for: timedelta,
 ) -> list[list[LeasedDelivery]]:
     """Record leased batches as delivered and lease the next deliveries of each one's
-    (endpoint, subject), up to `batch`, if they are due and nobody holds them.
+    (endpoint, subject), until they carry `batch` events, if they are due and nobody
+    holds them.
     `finished` holds, per queue, its delivered (id, HTTP status) and its last delivery;
     returns the next batch of each, in that order ([] for a queue with none)."""
     delivered = [d for done, _ in finished for d in done]
@@ -81,7 +89,7 @@ async def _lease(
     if not heads:
         return []
     queues = await _queues(conn, now, heads, batch)
-    ids = [d.delivery_id for queue in queues for d in queue]
+    ids = sorted({d.delivery_id for queue in queues for d in queue})
     if ids:
         await conn.execute(
             _D.update()
@@ -247,10 +255,11 @@ async def _queues(
     conn: AsyncConnection, now: datetime, heads: list[int], batch: int
 ) -> list[list[LeasedDelivery]]:
     """For each head, it and the pending deliveries after it of its (endpoint, subject),
-    while they are due and unleased, at most `batch`, each read with its event. A head
-    that is not its queue's first pending delivery leases nothing. One short read per
-    head (an index range of `ix_deliveries_queue`, each row joined to its event by key),
-    whatever the backlog."""
+    while they are due and unleased, until they carry `batch` events, as their events in
+    order (a delivery that carries several gives one LeasedDelivery per event, all with
+    its id). A head that is not its queue's first pending delivery leases nothing. A
+    short read or two per head (an index range of `ix_deliveries_queue`, each row joined
+    to its first event by key), and one read of the further events of all of them."""
     pairs = (
         await conn.execute(
             sa.select(_D.c.id, _D.c.endpoint_id, _D.c.subject).where(among(conn, _D.c.id, heads))
@@ -261,39 +270,104 @@ async def _queues(
         r.id: endpoint_from_row(r)
         for r in await conn.execute(sa.select(_E).where(_E.c.id.in_(endpoint_ids)))
     }
-    out: list[list[LeasedDelivery]] = []
+    taken: list[tuple[Any, list[Any]]] = []
     for head in sorted(pairs, key=lambda r: int(r.id)):
-        endpoint = endpoints[head.endpoint_id]
-        rows = await conn.execute(
-            _QUEUE_WITH_EVENTS,
-            {"endpoint_id": head.endpoint_id, "subject": head.subject, "batch": batch},
-        )
-        queue: list[LeasedDelivery] = []
+        queue = await _due_rows(conn, now, head, endpoints[head.endpoint_id].batch_size, batch)
+        if queue:
+            taken.append((head, queue))
+    more = await _more_events(
+        conn,
+        [
+            i
+            for _, queue in taken
+            for r in queue
+            if r.more_event_ids
+            for i in r.more_event_ids.split(",")
+        ],
+    )
+    return [
+        [
+            delivery
+            for r in queue
+            for delivery in _leased(r, endpoints[head.endpoint_id], head.subject, more)
+        ]
+        for head, queue in taken
+    ]
+
+
+async def _due_rows(
+    conn: AsyncConnection, now: datetime, head: Any, batch_size: int, batch: int
+) -> list[Any]:
+    """The rows of `head`'s queue from it on while they are due and unleased, until they
+    carry `batch` events or more. Read in steps sized for full deliveries (`batch_size`
+    events each), so a queue of full deliveries reads no row it does not lease, and one
+    of smaller ones reads on while there is room."""
+    taken: list[Any] = []
+    events_taken, from_id = 0, int(head.id)
+    limit = max(1, batch // batch_size)
+    while events_taken < batch:
+        params = {
+            "endpoint_id": head.endpoint_id,
+            "subject": head.subject,
+            "from_id": from_id,
+            "batch": limit,
+        }
+        rows = (await conn.execute(_QUEUE_WITH_EVENTS, params)).all()
         for r in rows:
             leased = r.leased_until is not None and r.leased_until >= now
-            if (not queue and int(r.id) != int(head.id)) or r.next_attempt_at > now or leased:
-                break
-            queue.append(
-                LeasedDelivery(
-                    id=r.event_id,
-                    delivery_id=int(r.id),
-                    endpoint=endpoint,
-                    subject=head.subject,
-                    attempts=int(r.attempts),
-                    retry_from=from_db(r.requeued_at or r.created_at),
-                    event_type=r.type,
-                    payload=r.payload,
-                    event_created_at=from_db(r.event_created_at),
-                )
+            first = not taken and int(r.id) != int(head.id)
+            if first or r.next_attempt_at > now or leased or events_taken >= batch:
+                return taken
+            taken.append(r)
+            events_taken += int(r.event_count)
+        if len(rows) < limit:
+            return taken
+        from_id, limit = int(rows[-1].id) + 1, batch - events_taken
+    return taken
+
+
+def _leased(
+    row: Any, endpoint: EndpointRecord, subject: str, more: dict[str, Any]
+) -> list[LeasedDelivery]:
+    """A leased delivery row as its events, in order: the first read with the row, the
+    others from `more` (event id -> row)."""
+    delivery_id, attempts = int(row.id), int(row.attempts)
+    retry_from = from_db(row.requeued_at or row.created_at)
+    carried = [(row.event_id, row.type, row.payload, row.event_created_at)]
+    if row.more_event_ids:
+        carried.extend(more[i] for i in row.more_event_ids.split(","))
+    return [
+        LeasedDelivery(
+            id=event_id,
+            delivery_id=delivery_id,
+            endpoint=endpoint,
+            subject=subject,
+            attempts=attempts,
+            retry_from=retry_from,
+            event_type=event_type,
+            payload=payload,
+            event_created_at=from_db(created_at),
+        )
+        for event_id, event_type, payload, created_at in carried
+    ]
+
+
+async def _more_events(conn: AsyncConnection, ids: list[str]) -> dict[str, Any]:
+    """Event id -> (id, type, payload, created_at), of the events `ids`."""
+    found: dict[str, Any] = {}
+    for part in chunks(ids):
+        rows = await conn.execute(
+            sa.select(events.c.id, events.c.type, events.c.payload, events.c.created_at).where(
+                among(conn, events.c.id, part)
             )
-        if queue:
-            out.append(queue)
-    return out
+        )
+        found.update((r.id, tuple(r)) for r in rows)
+    return found
 
 
 def _queue_with_events() -> sa.Select[Any]:
-    """The pending deliveries of :endpoint_id and :subject in id order, at most :batch,
-    each with its event. Built once: every lease asks it for every queue."""
+    """The pending deliveries of :endpoint_id and :subject from :from_id on, in id order,
+    at most :batch, each with its first event. Built once: every lease asks it for every queue."""
     return (
         sa.select(
             _D.c.id,
@@ -302,6 +376,8 @@ def _queue_with_events() -> sa.Select[Any]:
             _D.c.attempts,
             _D.c.created_at,
             _D.c.requeued_at,
+            _D.c.more_event_ids,
+            _D.c.event_count,
             events.c.id.label("event_id"),
             events.c.type,
             events.c.payload,
@@ -312,6 +388,7 @@ def _queue_with_events() -> sa.Select[Any]:
             _D.c.endpoint_id == sa.bindparam("endpoint_id", type_=_D.c.endpoint_id.type),
             _D.c.subject == sa.bindparam("subject", type_=_D.c.subject.type),
             _D.c.status == "pending",
+            _D.c.id >= sa.bindparam("from_id", type_=_D.c.id.type),
         )
         .order_by(_D.c.id)
         .limit(sa.bindparam("batch", type_=sa.Integer))

@@ -1,7 +1,7 @@
 """Pruning the webhook tables: delivered deliveries older than a cutoff, and then the
 events older than it that no delivery refers to any more.
 
-A pending or parked delivery is never pruned, nor its event: it may still be sent. Each
+A pending or parked delivery is never pruned, nor its events: it may still be sent. Each
 batch is a transaction of its own that reads the ids to delete without locking and then
 deletes those rows by primary key, so a prune of millions of rows holds its locks for
 one batch at a time and never takes the rows the dispatchers lease (pending ones).
@@ -82,7 +82,16 @@ async def _delete_events(
     and have no delivery, and delete them; returns (found, deleted, the last seq found).
     The next batch starts after that seq, so the old events that keep a delivery are
     read once, not in every batch."""
-    no_delivery = ~sa.exists().where(_D.c.event_id == events.c.id)
+    no_delivery = sa.and_(
+        ~sa.exists().where(_D.c.event_id == events.c.id),
+        # a delivery names its further events only in `more_event_ids`: none of a subject
+        # with a pending or parked delivery that carries several is deleted
+        ~sa.exists().where(
+            _D.c.status.in_(("pending", "parked")),
+            _D.c.subject == events.c.subject,
+            _D.c.event_count > 1,
+        ),
+    )
     query = (
         sa.select(events.c.seq, events.c.id)
         .where(events.c.seq > after, events.c.created_at < cutoff, no_delivery)

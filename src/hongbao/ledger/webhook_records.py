@@ -67,6 +67,7 @@ class DeliveryRow:
     id: int
     endpoint_id: str
     url: str
+    #: its first event
     event_id: str
     event_type: str
     subject: str
@@ -76,14 +77,18 @@ class DeliveryRow:
     last_status: int | None
     last_error: str | None
     created_at: datetime
+    #: how many events it carries
+    event_count: int
 
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
+    """Events waiting, delivered and parked, as the deliveries that carry them count."""
+
     pending: int
     delivered: int
     parked: int
-    #: pending deliveries whose last attempt failed
+    #: events of pending deliveries whose last attempt failed
     failing: int
     #: when the oldest pending delivery was created (None: nothing pending)
     oldest_pending: datetime | None

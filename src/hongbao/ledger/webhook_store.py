@@ -249,13 +249,15 @@ class WebhookStore:
     async def stats(self) -> QueueStats:
         async def work(conn: AsyncConnection) -> QueueStats:
             counts = dict.fromkeys(("pending", "delivered", "parked"), 0)
-            rows = await conn.execute(sa.select(_D.c.status, sa.func.count()).group_by(_D.c.status))
+            rows = await conn.execute(
+                sa.select(_D.c.status, sa.func.sum(_D.c.event_count)).group_by(_D.c.status)
+            )
             for status, count in rows:
                 counts[status] = int(count)
             failing, oldest = (
                 await conn.execute(
                     sa.select(
-                        sa.func.sum(sa.case((_D.c.attempts > 0, 1), else_=0)),
+                        sa.func.sum(sa.case((_D.c.attempts > 0, _D.c.event_count), else_=0)),
                         sa.func.min(_D.c.created_at),
                     ).where(_D.c.status == "pending")
                 )
@@ -288,6 +290,7 @@ class WebhookStore:
                     _D.c.last_status,
                     _D.c.last_error,
                     _D.c.created_at,
+                    _D.c.event_count,
                 )
                 .join(_E, _E.c.id == _D.c.endpoint_id)
                 .join(events, events.c.id == _D.c.event_id)
@@ -309,6 +312,7 @@ class WebhookStore:
                     r.last_status,
                     r.last_error,
                     from_db(r.created_at),
+                    int(r.event_count),
                 )
                 for r in await conn.execute(query)
             ]

@@ -120,6 +120,44 @@ def message(deliveries: Sequence[LeasedDelivery]) -> tuple[str, str]:
     return message_id, head[:-1] + ',"data":{"events":[' + events + "]}}"
 
 
+def message_slices(queue: Sequence[LeasedDelivery], size: int) -> list[tuple[int, int]]:
+    """How a leased queue's events go out: (start, end) of each message, in order. A
+    message carries whole deliveries (a delivery's events are consecutive and share its
+    id) up to `size` events; a delivery with more events than `size` (an endpoint whose
+    `batch_size` was lowered after it was queued) goes out in messages of `size`."""
+    out: list[tuple[int, int]] = []
+    start = end = 0
+    while end < len(queue):
+        row_end = end + 1
+        while row_end < len(queue) and queue[row_end].delivery_id == queue[end].delivery_id:
+            row_end += 1
+        if row_end - start > size and end > start:
+            out.append((start, end))
+            start = end
+        if row_end - start > size:
+            out.extend((at, min(at + size, row_end)) for at in range(start, row_end, size))
+            start = row_end
+        end = row_end
+    if end > start:
+        out.append((start, end))
+    return out
+
+
+def first_of_each(deliveries: Sequence[LeasedDelivery]) -> list[LeasedDelivery]:
+    """The first event of each delivery in `deliveries` (whose events are consecutive),
+    in order: what a delivery's attempts and retry window are read from."""
+    return [
+        d
+        for i, d in enumerate(deliveries)
+        if i == 0 or deliveries[i - 1].delivery_id != d.delivery_id
+    ]
+
+
+def delivery_ids(deliveries: Sequence[LeasedDelivery]) -> list[int]:
+    """The delivery ids of `deliveries`, each once, in order."""
+    return [d.delivery_id for d in first_of_each(deliveries)]
+
+
 @lru_cache(maxsize=1024)
 def signer(secret: str) -> Webhook:
     """The Standard Webhooks signer of a secret (decoded once, not on every send)."""
@@ -141,11 +179,12 @@ def signature_headers(
 
 @dataclass(slots=True)
 class BatchOutcome:
-    """What became of a leased batch: delivered (id, HTTP status), the failed attempt,
-    the deliveries given back unsent, why the endpoint is gone (410), and whether every
-    delivery got through."""
+    """What became of a leased batch: delivered (id, HTTP status), the events they
+    carried, the failed attempt, the deliveries given back unsent, why the endpoint is
+    gone (410), and whether every delivery got through."""
 
     delivered: list[tuple[int, int]] = field(default_factory=list)
+    events: int = 0
     failures: list[Failure] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
     gone: str | None = None
@@ -241,7 +280,7 @@ class Dispatcher:
         empty, a send fails, or the dispatcher stops."""
         while queue:
             outcome = await self.send_batch(client, queue, leased_at)
-            self.sent += len(outcome.delivered)
+            self.sent += outcome.events
             if not outcome.complete or self._stop.is_set():
                 await self._finish(queue[-1].endpoint, outcome)
                 return
@@ -269,31 +308,38 @@ class Dispatcher:
         that could outlast the lease."""
         outcome = BatchOutcome()
         lease_end = leased_at + self.lease_for.total_seconds()
-        size = queue[0].endpoint.batch_size
-        for pos in range(0, len(queue), size):
+        for start, end in message_slices(queue, queue[0].endpoint.batch_size):
             left = lease_end - time.monotonic()
             if self._stop.is_set() or left < self.settings.webhook_timeout + LEASE_MARGIN:
-                outcome.released = [d.delivery_id for d in queue[pos:]]
+                outcome.released = delivery_ids(queue[start:])
                 return outcome
-            carried = queue[pos : pos + size]
+            carried = queue[start:end]
             message_id, body = message(carried)
             attempt = await self.send(client, carried[0].endpoint, message_id, body)
             if attempt.delivered:
                 assert attempt.status is not None
-                outcome.delivered.extend((d.delivery_id, attempt.status) for d in carried)
+                outcome.events += len(carried)
+                # a delivery is delivered with the message that carries its last event
+                outcome.delivered.extend(
+                    (queue[i].delivery_id, attempt.status)
+                    for i in range(start, end)
+                    if i + 1 == len(queue) or queue[i + 1].delivery_id != queue[i].delivery_id
+                )
                 continue
             self.failed += 1
             if attempt.gone:
                 outcome.gone = f"the receiver answered 410 Gone at {timestamp(datetime.now(UTC))}"
-            # a batch's events retry together, at its head's time; each parks once the
-            # time falls outside its own retry window
+            # a message's deliveries retry together, at its head's time; each parks once
+            # the time falls outside its own retry window
             at = None if attempt.gone else self.retry_at(carried[0])
-            retries = [self.within_window(d, at) for d in carried]
+            firsts = first_of_each(carried)
+            retries = [self.within_window(d, at) for d in firsts]
             outcome.failures.extend(
                 Failure(d.delivery_id, attempt.status, attempt.error, retry)
-                for d, retry in zip(carried, retries, strict=True)
+                for d, retry in zip(firsts, retries, strict=True)
             )
-            outcome.released = [d.delivery_id for d in queue[pos + size :]]
+            failed = {d.delivery_id for d in firsts}
+            outcome.released = [i for i in delivery_ids(queue[end:]) if i not in failed]
             retry = next((r for r in retries if r is not None), None)
             log.info(
                 "webhooks: %s to %s failed (%s); %s",
