@@ -165,3 +165,21 @@ async def test_deliveries_that_carry_several_events_are_leased_whole_up_to_a_bat
     assert numbers(queue) == [7, 8]
     stats = await store.stats()
     assert (stats.pending, stats.delivered) == (2, 6)
+
+
+async def test_a_lease_takes_several_full_messages_when_asked(ledger: SqlLedger) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"], batch_size=3)
+    store = WebhookStore(ledger)
+    for first in (1, 4, 7):
+        await emit(ledger, "p1", first, 3)
+
+    (queue,) = await store.lease("a", heads=1, batch=3, messages=2, lease_for=LEASE)
+    assert numbers(queue) == [1, 2, 3, 4, 5, 6]
+    (queue,) = await store.settle_and_lease_next(
+        "a",
+        [([(i, 200) for i in sorted({d.delivery_id for d in queue})], queue[-1])],
+        batch=3,
+        messages=2,
+        lease_for=LEASE,
+    )
+    assert numbers(queue) == [7, 8, 9]

@@ -43,13 +43,19 @@ _E = webhook_endpoints
 
 
 async def lease(
-    conn: AsyncConnection, owner: str, heads: int, batch: int, lease_for: timedelta
+    conn: AsyncConnection,
+    owner: str,
+    heads: int,
+    batch: int,
+    lease_for: timedelta,
+    messages: int = 1,
 ) -> list[list[LeasedDelivery]]:
     """Lease up to `heads` (endpoint, subject) queues, deliveries of each in order until
-    they carry `batch` events; one list of events per queue."""
+    they carry `batch` events, or `messages` full messages of their endpoint if that is
+    more; one list of events per queue."""
     now = utcnow()
     chosen = await _due_heads(conn, now, heads)
-    return await _lease(conn, owner, now, chosen, batch, lease_for)
+    return await _lease(conn, owner, now, chosen, (batch, messages), lease_for)
 
 
 async def settle_and_lease_next(
@@ -58,10 +64,10 @@ async def settle_and_lease_next(
     finished: Sequence[tuple[Sequence[tuple[int, int]], LeasedDelivery]],
     batch: int,
     lease_for: timedelta,
+    messages: int = 1,
 ) -> list[list[LeasedDelivery]]:
     """Record leased batches as delivered and lease the next deliveries of each one's
-    (endpoint, subject), until they carry `batch` events, if they are due and nobody
-    holds them.
+    (endpoint, subject), as `lease` does, if they are due and nobody holds them.
     `finished` holds, per queue, its delivered (id, HTTP status) and its last delivery;
     returns the next batch of each, in that order ([] for a queue with none)."""
     delivered = [d for done, _ in finished for d in done]
@@ -72,7 +78,7 @@ async def settle_and_lease_next(
         head = await _subject_head(conn, last.endpoint.id, last.subject)
         if head is not None:
             heads.append(head)
-    queues = await _lease(conn, owner, now, sorted(heads), batch, lease_for)
+    queues = await _lease(conn, owner, now, sorted(heads), (batch, messages), lease_for)
     by_subject = {(q[0].endpoint.id, q[0].subject): q for q in queues}
     return [by_subject.get((last.endpoint.id, last.subject), []) for _, last in finished]
 
@@ -82,13 +88,13 @@ async def _lease(
     owner: str,
     now: datetime,
     heads: list[int],
-    batch: int,
+    size: tuple[int, int],
     lease_for: timedelta,
 ) -> list[list[LeasedDelivery]]:
     """Lease the queues that start at `heads` (see `_queues`) to `owner`."""
     if not heads:
         return []
-    queues = await _queues(conn, now, heads, batch)
+    queues = await _queues(conn, now, heads, size)
     ids = sorted({d.delivery_id for queue in queues for d in queue})
     if ids:
         await conn.execute(
@@ -252,10 +258,11 @@ async def _due_heads(conn: AsyncConnection, now: datetime, limit: int) -> list[i
 
 
 async def _queues(
-    conn: AsyncConnection, now: datetime, heads: list[int], batch: int
+    conn: AsyncConnection, now: datetime, heads: list[int], size: tuple[int, int]
 ) -> list[list[LeasedDelivery]]:
     """For each head, it and the pending deliveries after it of its (endpoint, subject),
-    while they are due and unleased, until they carry `batch` events, as their events in
+    while they are due and unleased, until they carry `batch` events or `messages` full
+    messages of their endpoint (`size` is (batch, messages)), as their events in
     order (a delivery that carries several gives one LeasedDelivery per event, all with
     its id). A head that is not its queue's first pending delivery leases nothing. A
     short read or two per head (an index range of `ix_deliveries_queue`, each row joined
@@ -272,7 +279,9 @@ async def _queues(
     }
     taken: list[tuple[Any, list[Any]]] = []
     for head in sorted(pairs, key=lambda r: int(r.id)):
-        queue = await _due_rows(conn, now, head, endpoints[head.endpoint_id].batch_size, batch)
+        batch_size = endpoints[head.endpoint_id].batch_size
+        batch, messages = size
+        queue = await _due_rows(conn, now, head, batch_size, max(batch, messages * batch_size))
         if queue:
             taken.append((head, queue))
     more = await _more_events(

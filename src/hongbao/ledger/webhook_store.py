@@ -196,12 +196,20 @@ class WebhookStore:
     # -- the dispatcher ----------------------------------------------------------------------
 
     async def lease(
-        self, owner: str, *, heads: int, batch: int, lease_for: timedelta
+        self, owner: str, *, heads: int, batch: int, lease_for: timedelta, messages: int = 1
     ) -> list[list[LeasedDelivery]]:
-        """Lease up to `heads` (endpoint, subject) queues, up to `batch` deliveries of
-        each, in order; one list per queue (see hongbao.ledger.webhook_leases)."""
+        """Lease up to `heads` (endpoint, subject) queues, each until it carries `batch`
+        events or `messages` full messages of its endpoint; one list of events per queue,
+        in order (see hongbao.ledger.webhook_leases)."""
         return await self.ledger.transaction(
-            partial(leases.lease, owner=owner, heads=heads, batch=batch, lease_for=lease_for)
+            partial(
+                leases.lease,
+                owner=owner,
+                heads=heads,
+                batch=batch,
+                lease_for=lease_for,
+                messages=messages,
+            )
         )
 
     async def settle(
@@ -230,6 +238,7 @@ class WebhookStore:
         *,
         batch: int,
         lease_for: timedelta,
+        messages: int = 1,
     ) -> list[list[LeasedDelivery]]:
         """Record leased batches as delivered and, in the same transaction, lease the
         next deliveries of each one's (endpoint, subject); see
@@ -241,6 +250,7 @@ class WebhookStore:
                 finished=finished,
                 batch=batch,
                 lease_for=lease_for,
+                messages=messages,
             )
         )
 

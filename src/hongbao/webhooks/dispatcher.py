@@ -6,8 +6,9 @@ dispatcher (or the same one restarted) sends it again with the same ``webhook-id
 which receivers use to drop repeats. In order per (endpoint, subject): see
 hongbao.ledger.webhook_store for the lease. Several dispatchers share the queue.
 
-A queue of one (endpoint, subject) is leased up to `LEASE_BATCH` deliveries at a time,
-sent one after the other, and settled in one transaction that also leases the queue's
+A queue of one (endpoint, subject) is leased up to `LEASE_BATCH` events at a time (or
+`LEASE_MESSAGES` full messages to an endpoint that takes batches), sent one message after
+the other, and settled in one transaction that also leases the queue's
 next deliveries, so a hot packet's claims cost the database one transaction per batch
 and the queue flows on without waiting for the next poll. Different queues are sent
 concurrently, up to `webhook_concurrency`.
@@ -61,9 +62,14 @@ from hongbao.webhooks.endpoints import MAX_BATCH_SIZE, AllowedHosts
 log = logging.getLogger("hongbao.webhooks")
 T = TypeVar("T")
 
-#: deliveries of one (endpoint, subject) leased and settled together: a full batch
+#: events of one (endpoint, subject) leased and settled together, at least: a full batch
 #: message fits in one lease
 LEASE_BATCH = MAX_BATCH_SIZE
+#: full messages of one (endpoint, subject) leased and settled together, where that is
+#: more events than `LEASE_BATCH`: a persister's transaction commits up to thousands of a
+#: packet's claims at once, and a queue that moved one message a transaction would fall
+#: behind it
+LEASE_MESSAGES = 10
 #: the first wait after a failed attempt, seconds; each further one doubles
 FIRST_RETRY = 1.0
 #: a dispatcher starts no send that could outlast its lease by less than this, seconds
@@ -262,7 +268,11 @@ class Dispatcher:
         started = time.monotonic()  # no later than the lease's start, which the database sets
         try:
             queues = await self.store.lease(
-                self.owner, heads=room, batch=LEASE_BATCH, lease_for=self.lease_for
+                self.owner,
+                heads=room,
+                batch=LEASE_BATCH,
+                messages=LEASE_MESSAGES,
+                lease_for=self.lease_for,
             )
         except StorageError as exc:
             log.warning("webhooks: cannot lease deliveries: %s", exc)
@@ -440,6 +450,7 @@ class _Continuations:
                 d.owner,
                 [(c.delivered, c.last) for c in together],
                 batch=LEASE_BATCH,
+                messages=LEASE_MESSAGES,
                 lease_for=d.lease_for,
             )
             none: list[list[LeasedDelivery]] = [[] for _ in together]
