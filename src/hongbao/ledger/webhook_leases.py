@@ -35,6 +35,7 @@ from hongbao.ledger.webhook_records import (
     EndpointRecord,
     Failure,
     LeasedDelivery,
+    QueuedEvent,
     endpoint_from_row,
 )
 
@@ -95,7 +96,7 @@ async def _lease(
     if not heads:
         return []
     queues = await _queues(conn, now, heads, size)
-    ids = sorted({d.delivery_id for queue in queues for d in queue})
+    ids = [d.delivery_id for queue in queues for d in queue]
     if ids:
         await conn.execute(
             _D.update()
@@ -262,9 +263,8 @@ async def _queues(
 ) -> list[list[LeasedDelivery]]:
     """For each head, it and the pending deliveries after it of its (endpoint, subject),
     while they are due and unleased, until they carry `batch` events or `messages` full
-    messages of their endpoint (`size` is (batch, messages)), as their events in
-    order (a delivery that carries several gives one LeasedDelivery per event, all with
-    its id). A head that is not its queue's first pending delivery leases nothing. A
+    messages of their endpoint (`size` is (batch, messages)), each with its events in
+    order. A head that is not its queue's first pending delivery leases nothing. A
     short read or two per head (an index range of `ix_deliveries_queue`, each row joined
     to its first event by key), and one read of the further events of all of them."""
     pairs = (
@@ -284,22 +284,11 @@ async def _queues(
         queue = await _due_rows(conn, now, head, batch_size, max(batch, messages * batch_size))
         if queue:
             taken.append((head, queue))
-    more = await _more_events(
-        conn,
-        [
-            i
-            for _, queue in taken
-            for r in queue
-            if r.more_event_ids
-            for i in r.more_event_ids.split(",")
-        ],
-    )
+    further = [r.more_event_ids for _, queue in taken for r in queue if r.more_event_ids]
+    more = await _more_events(conn, [i for ids in further for i in ids.split(",")])
+    times: dict[datetime, datetime] = {}
     return [
-        [
-            delivery
-            for r in queue
-            for delivery in _leased(r, endpoints[head.endpoint_id], head.subject, more)
-        ]
+        [_leased(r, endpoints[head.endpoint_id], head.subject, more, times) for r in queue]
         for head, queue in taken
     ]
 
@@ -336,29 +325,34 @@ async def _due_rows(
 
 
 def _leased(
-    row: Any, endpoint: EndpointRecord, subject: str, more: dict[str, Any]
-) -> list[LeasedDelivery]:
-    """A leased delivery row as its events, in order: the first read with the row, the
-    others from `more` (event id -> row)."""
-    delivery_id, attempts = int(row.id), int(row.attempts)
-    retry_from = from_db(row.requeued_at or row.created_at)
+    row: Any,
+    endpoint: EndpointRecord,
+    subject: str,
+    more: dict[str, Any],
+    times: dict[datetime, datetime],
+) -> LeasedDelivery:
+    """A leased delivery row with its events in order: the first read with the row, the
+    others from `more` (event id -> row). `times` converts each commit time once: a
+    delivery's events share theirs."""
     carried = [(row.event_id, row.type, row.payload, row.event_created_at)]
     if row.more_event_ids:
         carried.extend(more[i] for i in row.more_event_ids.split(","))
-    return [
-        LeasedDelivery(
-            id=event_id,
-            delivery_id=delivery_id,
-            endpoint=endpoint,
-            subject=subject,
-            attempts=attempts,
-            retry_from=retry_from,
-            event_type=event_type,
-            payload=payload,
-            event_created_at=from_db(created_at),
-        )
-        for event_id, event_type, payload, created_at in carried
-    ]
+    return LeasedDelivery(
+        delivery_id=int(row.id),
+        endpoint=endpoint,
+        subject=subject,
+        attempts=int(row.attempts),
+        retry_from=from_db(row.requeued_at or row.created_at),
+        events=tuple(
+            QueuedEvent(
+                event_id,
+                event_type,
+                payload,
+                times[at] if at in times else times.setdefault(at, from_db(at)),
+            )
+            for event_id, event_type, payload, at in carried
+        ),
+    )
 
 
 async def _more_events(conn: AsyncConnection, ids: list[str]) -> dict[str, Any]:
@@ -370,7 +364,7 @@ async def _more_events(conn: AsyncConnection, ids: list[str]) -> dict[str, Any]:
                 among(conn, events.c.id, part)
             )
         )
-        found.update((r.id, tuple(r)) for r in rows)
+        found.update((r[0], r) for r in rows)
     return found
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 import sqlalchemy as sa
 
@@ -33,21 +34,29 @@ class EndpointRecord:
         return (self.secret,)
 
 
-@dataclass(frozen=True, slots=True)
-class LeasedDelivery:
-    """A delivery a dispatcher holds, with its event and where it goes."""
+class QueuedEvent(NamedTuple):
+    """An event as a dispatcher sends it."""
 
     id: str
+    type: str
+    #: its JSON payload, as stored
+    payload: str
+    #: its commit
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedDelivery:
+    """A delivery a dispatcher holds: where it goes, and the events it carries in order
+    (one, or several to an endpoint that takes batches)."""
+
     delivery_id: int
     endpoint: EndpointRecord
     subject: str
     attempts: int
-    #: when the retry window started: the event's commit, or an operator's requeue
+    #: when the retry window started: the events' commit, or an operator's requeue
     retry_from: datetime
-    event_type: str
-    #: the event's JSON payload, as stored
-    payload: str
-    event_created_at: datetime
+    events: tuple[QueuedEvent, ...]
 
 
 @dataclass(frozen=True, slots=True)

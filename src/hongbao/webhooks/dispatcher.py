@@ -13,15 +13,15 @@ next deliveries, so a hot packet's claims cost the database one transaction per 
 and the queue flows on without waiting for the next poll. Different queues are sent
 concurrently, up to `webhook_concurrency`.
 
-An endpoint whose `batch_size` is above 1 gets up to that many of a queue's leased
-deliveries in one message, ``{"id", "type": "batch", "timestamp", "data": {"events":
-[...]}}``, each element the body its event would have alone, in order. A message costs
-a receiver and the dispatcher about the same whatever it carries, so a batch shares
-that cost among its events. A batch holds what waited while the one before it was sent:
-messages grow with the backlog and carry one event while there is none. The message's
-id is derived from its events' ids, the same on a resend of the same events. A batch
-that fails is retried as a whole: its events share the head's retry time, and each is
-parked once that time falls outside its own retry window.
+An endpoint whose `batch_size` is above 1 gets up to that many of a queue's events in
+one message (hongbao.webhooks.messages). A message costs a receiver and the dispatcher
+about the same whatever it carries, so a batch shares that cost among its events. The
+outbox queues a transaction's events of one subject to such an endpoint as one delivery
+of up to `batch_size` events, and a message carries whole deliveries, so under load a
+message is one row to lease and settle. A message holds what waited while the one before
+it was sent: messages grow with the backlog and carry one event while there is none. A
+message that fails is retried as a whole: the deliveries it carries share the first
+one's retry time, and each is parked once that time falls outside its own retry window.
 
 A failed attempt (no answer, or a status other than 2xx) is retried after a wait that
 doubles from 1 s up to `webhook_max_backoff`, each drawn between half and all of its
@@ -34,22 +34,19 @@ disables its endpoint: it receives nothing more, and its pending deliveries are 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import random
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache, partial
+from functools import partial
 from typing import TypeVar
 
 import aiohttp
-import orjson
-from standardwebhooks import Webhook
 
 from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
@@ -58,6 +55,7 @@ from hongbao.ledger.webhook_records import EndpointRecord, Failure, LeasedDelive
 from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.settings import Settings
 from hongbao.webhooks.endpoints import MAX_BATCH_SIZE, AllowedHosts
+from hongbao.webhooks.messages import message, message_slices, signature_headers, spans
 
 log = logging.getLogger("hongbao.webhooks")
 T = TypeVar("T")
@@ -85,102 +83,6 @@ def lease_seconds(settings: Settings) -> float:
     timeout and the margin left, so every send made under a lease ends within it, and a
     dead dispatcher's deliveries are sent again that long after it leased them."""
     return 3 * settings.webhook_timeout + LEASE_MARGIN
-
-
-def message_body(delivery: LeasedDelivery) -> str:
-    """The JSON body: ``{"id", "type", "timestamp", "data"}``, the same on every attempt."""
-    head = orjson.dumps(
-        {
-            "id": delivery.id,
-            "type": delivery.event_type,
-            "timestamp": timestamp(delivery.event_created_at),
-        }
-    ).decode()
-    return head[:-1] + ',"data":' + delivery.payload + "}"
-
-
-def batch_id(deliveries: Sequence[LeasedDelivery]) -> str:
-    """A batch message's id: a digest of its events' ids, so a resend of the same events
-    carries the same ``webhook-id`` and a different set never does."""
-    digest = hashlib.sha256(",".join(d.id for d in deliveries).encode()).hexdigest()
-    return "msg_" + digest[:32]
-
-
-def message(deliveries: Sequence[LeasedDelivery]) -> tuple[str, str]:
-    """The id and JSON body of the message that carries `deliveries` (of one endpoint and
-    subject, in order): the event's own body when the endpoint takes one event a message,
-    else ``{"id", "type": "batch", "timestamp", "data": {"events": [...]}}`` with the
-    last event's commit as the timestamp."""
-    if deliveries[0].endpoint.batch_size == 1:
-        (only,) = deliveries
-        return only.id, message_body(only)
-    message_id = batch_id(deliveries)
-    head = orjson.dumps(
-        {
-            "id": message_id,
-            "type": "batch",
-            "timestamp": timestamp(deliveries[-1].event_created_at),
-        }
-    ).decode()
-    events = ",".join(message_body(d) for d in deliveries)
-    return message_id, head[:-1] + ',"data":{"events":[' + events + "]}}"
-
-
-def message_slices(queue: Sequence[LeasedDelivery], size: int) -> list[tuple[int, int]]:
-    """How a leased queue's events go out: (start, end) of each message, in order. A
-    message carries whole deliveries (a delivery's events are consecutive and share its
-    id) up to `size` events; a delivery with more events than `size` (an endpoint whose
-    `batch_size` was lowered after it was queued) goes out in messages of `size`."""
-    out: list[tuple[int, int]] = []
-    start = end = 0
-    while end < len(queue):
-        row_end = end + 1
-        while row_end < len(queue) and queue[row_end].delivery_id == queue[end].delivery_id:
-            row_end += 1
-        if row_end - start > size and end > start:
-            out.append((start, end))
-            start = end
-        if row_end - start > size:
-            out.extend((at, min(at + size, row_end)) for at in range(start, row_end, size))
-            start = row_end
-        end = row_end
-    if end > start:
-        out.append((start, end))
-    return out
-
-
-def first_of_each(deliveries: Sequence[LeasedDelivery]) -> list[LeasedDelivery]:
-    """The first event of each delivery in `deliveries` (whose events are consecutive),
-    in order: what a delivery's attempts and retry window are read from."""
-    return [
-        d
-        for i, d in enumerate(deliveries)
-        if i == 0 or deliveries[i - 1].delivery_id != d.delivery_id
-    ]
-
-
-def delivery_ids(deliveries: Sequence[LeasedDelivery]) -> list[int]:
-    """The delivery ids of `deliveries`, each once, in order."""
-    return [d.delivery_id for d in first_of_each(deliveries)]
-
-
-@lru_cache(maxsize=1024)
-def signer(secret: str) -> Webhook:
-    """The Standard Webhooks signer of a secret (decoded once, not on every send)."""
-    return Webhook(secret)
-
-
-def signature_headers(
-    message_id: str, secrets_: Sequence[str], at: datetime, body: str
-) -> dict[str, str]:
-    """``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` (one ``v1,…``
-    signature per secret, space-separated, as Standard Webhooks allows)."""
-    signatures = " ".join(signer(s).sign(message_id, at, body) for s in secrets_)
-    return {
-        "webhook-id": message_id,
-        "webhook-timestamp": str(int(at.timestamp())),
-        "webhook-signature": signatures,
-    }
 
 
 @dataclass(slots=True)
@@ -318,43 +220,43 @@ class Dispatcher:
         that could outlast the lease."""
         outcome = BatchOutcome()
         lease_end = leased_at + self.lease_for.total_seconds()
-        for start, end in message_slices(queue, queue[0].endpoint.batch_size):
+        endpoint = queue[0].endpoint
+        events = [e for d in queue for e in d.events]
+        placed = spans(queue)
+        for start, end in message_slices([len(d.events) for d in queue], endpoint.batch_size):
             left = lease_end - time.monotonic()
             if self._stop.is_set() or left < self.settings.webhook_timeout + LEASE_MARGIN:
-                outcome.released = delivery_ids(queue[start:])
+                outcome.released = [d.delivery_id for d, _, e in placed if e > start]
                 return outcome
-            carried = queue[start:end]
-            message_id, body = message(carried)
-            attempt = await self.send(client, carried[0].endpoint, message_id, body)
+            carried = events[start:end]
+            message_id, body = message(carried, endpoint.batch_size)
+            attempt = await self.send(client, endpoint, message_id, body)
             if attempt.delivered:
                 assert attempt.status is not None
                 outcome.events += len(carried)
                 # a delivery is delivered with the message that carries its last event
                 outcome.delivered.extend(
-                    (queue[i].delivery_id, attempt.status)
-                    for i in range(start, end)
-                    if i + 1 == len(queue) or queue[i + 1].delivery_id != queue[i].delivery_id
+                    (d.delivery_id, attempt.status) for d, _, e in placed if start < e <= end
                 )
                 continue
             self.failed += 1
             if attempt.gone:
                 outcome.gone = f"the receiver answered 410 Gone at {timestamp(datetime.now(UTC))}"
-            # a message's deliveries retry together, at its head's time; each parks once
-            # the time falls outside its own retry window
-            at = None if attempt.gone else self.retry_at(carried[0])
-            firsts = first_of_each(carried)
-            retries = [self.within_window(d, at) for d in firsts]
+            # the deliveries a message carries (some of) retry together, at the first one's
+            # time; each parks once the time falls outside its own retry window
+            touched = [d for d, b, e in placed if b < end and e > start]
+            at = None if attempt.gone else self.retry_at(touched[0])
+            retries = [self.within_window(d, at) for d in touched]
             outcome.failures.extend(
                 Failure(d.delivery_id, attempt.status, attempt.error, retry)
-                for d, retry in zip(firsts, retries, strict=True)
+                for d, retry in zip(touched, retries, strict=True)
             )
-            failed = {d.delivery_id for d in firsts}
-            outcome.released = [i for i in delivery_ids(queue[end:]) if i not in failed]
+            outcome.released = [d.delivery_id for d, b, _ in placed if b >= end]
             retry = next((r for r in retries if r is not None), None)
             log.info(
                 "webhooks: %s to %s failed (%s); %s",
                 message_id,
-                carried[0].endpoint.url,
+                endpoint.url,
                 attempt.error,
                 "parked" if retry is None else f"retry at {timestamp(retry)}",
             )
