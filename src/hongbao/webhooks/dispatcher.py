@@ -64,10 +64,11 @@ T = TypeVar("T")
 #: message fits in one lease
 LEASE_BATCH = MAX_BATCH_SIZE
 #: full messages of one (endpoint, subject) leased and settled together, where that is
-#: more events than `LEASE_BATCH`: a persister's transaction commits up to thousands of a
-#: packet's claims at once, and a queue that moved one message a transaction would fall
-#: behind it
-LEASE_MESSAGES = 10
+#: more events than `LEASE_BATCH`: a persister's transaction commits up to thousands of
+#: a hot packet's claims at once (10,000 claims on SQLite), and settling takes the
+#: database's write lock between two of them, so a queue must move about as many events
+#: a round to keep up
+LEASE_MESSAGES = 50
 #: the first wait after a failed attempt, seconds; each further one doubles
 FIRST_RETRY = 1.0
 #: a dispatcher starts no send that could outlast its lease by less than this, seconds
