@@ -2,9 +2,11 @@
 they report, so an event exists exactly when its change was committed.
 
 `record_events` runs inside that transaction. It writes an event only when some enabled
-webhook endpoint subscribes to its type, and with it one pending delivery per such
-endpoint; the dispatcher (hongbao.webhooks) sends the deliveries. An endpoint receives
-the events committed after it was registered.
+webhook endpoint subscribes to its type, and with it a pending delivery for each such
+endpoint: one per event, or for an endpoint that takes batches one per subject carrying
+up to its `batch_size` of the transaction's events (`deliveries`). The dispatcher
+(hongbao.webhooks) sends the deliveries. An endpoint receives the events committed
+after it was registered.
 """
 
 from __future__ import annotations

@@ -114,6 +114,7 @@ class SqlLedger:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self._writers: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @classmethod
     def from_url(cls, url: str, pool_size: int = 10) -> SqlLedger:
@@ -378,12 +379,26 @@ class SqlLedger:
     def _connect(self) -> Any:
         return _Guard(self.engine)
 
+    def _writer_queue(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """On SQLite, the turn of this process's write transactions, first come first
+        served (one lock a running event loop). SQLite lets a writer waiting for the
+        write lock poll for it, sleeping ever longer, and the transaction that just
+        committed begins its next one before the poll comes round: under a storm the
+        persister would keep the lock for transaction after transaction while a
+        dispatcher, a send or a deposit waited. Writers of other processes still poll."""
+        if self.dialect != "sqlite":
+            return contextlib.nullcontext()
+        loop = asyncio.get_running_loop()
+        if self._writers is None or self._writers[0] is not loop:
+            self._writers = (loop, asyncio.Lock())
+        return self._writers[1]
+
     async def _transaction(
         self, work: Callable[[AsyncConnection], Awaitable[T]], attempts: int = 8
     ) -> T:
         for attempt in range(attempts):
             try:
-                async with self.engine.connect() as conn:
+                async with self._writer_queue(), self.engine.connect() as conn:
                     await conn.execution_options(**{_WRITES: True})
                     async with conn.begin():
                         return await work(conn)
