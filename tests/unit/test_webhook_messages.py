@@ -112,9 +112,8 @@ def carried_by(sizes: list[int]) -> list[LeasedDelivery]:
 def test_messages_carry_whole_deliveries_up_to_the_batch_size(
     sizes: list[int], batch_size: int, slices: list[tuple[int, int]]
 ) -> None:
-    assert message_slices(sizes, batch_size) == slices
-    queue = carried_by(sizes)
-    placed = spans(queue)
+    placed = spans(carried_by(sizes))
+    assert message_slices(placed, batch_size) == slices
     assert [(d.delivery_id, end - start) for d, start, end in placed] == list(enumerate(sizes, 1))
     assert [e.id for d, start, end in placed for e in d.events] == [
         e.id for e in events(range(1, sum(sizes) + 1))

@@ -53,7 +53,7 @@ async def lease(
 ) -> list[list[LeasedDelivery]]:
     """Lease up to `heads` (endpoint, subject) queues, deliveries of each in order until
     they carry `batch` events, or `messages` full messages of their endpoint if that is
-    more; one list of events per queue."""
+    more; one list of deliveries per queue, in order."""
     now = utcnow()
     chosen = await _due_heads(conn, now, heads)
     return await _lease(conn, owner, now, chosen, (batch, messages), lease_for)

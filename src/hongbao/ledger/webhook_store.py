@@ -199,8 +199,8 @@ class WebhookStore:
         self, owner: str, *, heads: int, batch: int, lease_for: timedelta, messages: int = 1
     ) -> list[list[LeasedDelivery]]:
         """Lease up to `heads` (endpoint, subject) queues, each until it carries `batch`
-        events or `messages` full messages of its endpoint; one list of events per queue,
-        in order (see hongbao.ledger.webhook_leases)."""
+        events or `messages` full messages of its endpoint; one list of deliveries per
+        queue, in order (see hongbao.ledger.webhook_leases)."""
         return await self.ledger.transaction(
             partial(
                 leases.lease,

@@ -224,7 +224,7 @@ class Dispatcher:
         endpoint = queue[0].endpoint
         events = [e for d in queue for e in d.events]
         placed = spans(queue)
-        for start, end in message_slices([len(d.events) for d in queue], endpoint.batch_size):
+        for start, end in message_slices(placed, endpoint.batch_size):
             left = lease_end - time.monotonic()
             if self._stop.is_set() or left < self.settings.webhook_timeout + LEASE_MARGIN:
                 outcome.released = [d.delivery_id for d, _, e in placed if e > start]

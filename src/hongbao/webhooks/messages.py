@@ -14,7 +14,6 @@ import hashlib
 from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
-from itertools import accumulate
 
 import orjson
 from standardwebhooks import Webhook
@@ -54,26 +53,6 @@ def message(events: Sequence[QueuedEvent], batch_size: int) -> tuple[str, str]:
     return message_id, head[:-1] + ',"data":{"events":[' + bodies + "]}}"
 
 
-def message_slices(counts: Sequence[int], size: int) -> list[tuple[int, int]]:
-    """How a leased queue's events go out, given how many each of its deliveries carries:
-    (start, end) of each message among the queue's events, in order. A message carries
-    whole deliveries up to `size` events; a delivery of more than `size` (an endpoint
-    whose `batch_size` was lowered after it was queued) goes out in messages of `size`."""
-    out: list[tuple[int, int]] = []
-    start = 0
-    for begin, end in zip([0, *accumulate(counts)], accumulate(counts), strict=False):
-        if end - start > size and begin > start:
-            out.append((start, begin))
-            start = begin
-        if end - start > size:
-            out.extend((at, min(at + size, end)) for at in range(start, end, size))
-            start = end
-    total = sum(counts)
-    if total > start:
-        out.append((start, total))
-    return out
-
-
 def spans(queue: Sequence[LeasedDelivery]) -> list[tuple[LeasedDelivery, int, int]]:
     """Each delivery with where its events are among the queue's (start, end), in
     order."""
@@ -81,6 +60,28 @@ def spans(queue: Sequence[LeasedDelivery]) -> list[tuple[LeasedDelivery, int, in
     for delivery in queue:
         out.append((delivery, start, start + len(delivery.events)))
         start += len(delivery.events)
+    return out
+
+
+def message_slices(
+    placed: Sequence[tuple[LeasedDelivery, int, int]], size: int
+) -> list[tuple[int, int]]:
+    """How a leased queue's events go out, given its `spans`: (start, end) of each
+    message among the queue's events, in order. A message carries whole deliveries up
+    to `size` events; a delivery of more than `size` (an endpoint whose `batch_size` was
+    lowered after it was queued) goes out in messages of `size`."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    for _, begin, end in placed:
+        if end - start > size and begin > start:
+            out.append((start, begin))
+            start = begin
+        if end - start > size:
+            out.extend((at, min(at + size, end)) for at in range(start, end, size))
+            start = end
+    total = placed[-1][2] if placed else 0
+    if total > start:
+        out.append((start, total))
     return out
 
 
