@@ -55,6 +55,27 @@ async def test_enable_lets_a_disabled_endpoint_receive_and_retry_all_requeue(
     assert (stats.pending, stats.parked) == (2, 0)
 
 
+async def test_a_delivery_of_several_events_is_listed_counted_and_retried_whole(
+    ledger: SqlLedger, sql_url: str
+) -> None:
+    await add_endpoint(ledger, "we_batch", ["claim.settled"], batch_size=10)
+    await emit(ledger, "p1", 1, 3)  # one commit: one delivery of three events
+    store = WebhookStore(ledger)
+    await store.disable_endpoint("we_batch", "the receiver answered 410 Gone")
+    url = ["--database-url", sql_url]
+    failed = run_cli("webhooks", "failed", *url)
+    assert failed.returncode == 1 and "and 2 more" in failed.stdout, failed.stdout
+    (row,) = await store.failed()
+    assert (row.status, row.event_count) == ("parked", 3)
+    assert "3 parked" in run_cli("webhooks", "list", *url).stdout
+
+    assert run_cli("webhooks", "enable", "we_batch", *url).returncode == 0
+    done = run_cli("webhooks", "retry", str(row.id), *url)
+    assert done.returncode == 0, done.stderr
+    stats = await store.stats()
+    assert (stats.pending, stats.parked) == (3, 0)
+
+
 async def test_enable_of_an_unknown_endpoint_is_an_error(ledger: SqlLedger, sql_url: str) -> None:
     await add_endpoint(ledger, "we_off", ["claim.settled"], enabled=False)
     done = run_cli("webhooks", "enable", "we_[bold]nothing", "--database-url", sql_url)
