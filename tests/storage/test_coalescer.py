@@ -159,6 +159,47 @@ async def test_an_unreadable_claim_fails_the_packets_grabs_and_takes_nothing(
     assert await store.client.hkeys(keys.claims) == ["z"]
 
 
+async def test_one_grab_of_each_packet_in_a_call_is_answered_and_recorded_alone(
+    store: RedisStore,
+) -> None:
+    """The spread shape: a call carrying a single grab of many packets (plain, for an
+    actor, a repeat, one of a broken packet, one of an exhausted packet)."""
+    plain, acted, repeat, broken, empty = [await load(store, 2) for _ in range(5)]
+    await store.grab_batch([(repeat, ["r"]), (empty, ["e1"]), (empty, ["e2"])])
+    await store.client.lset(broken.shares, 0, "not-a-share")
+    answers = await store.grab_batch(
+        [
+            (plain, ["p"]),
+            (broken, ["b"]),
+            (acted, ["a=svc"]),
+            (repeat, ["r"]),
+            (empty, ["e3"]),
+        ]
+    )
+    assert isinstance(answers[1], StorageError)
+    statuses = [a[0] for a in answers if not isinstance(a, StorageError)]
+    assert statuses == [
+        GrabStatus.GRANTED,
+        GrabStatus.GRANTED,
+        GrabStatus.ALREADY_CLAIMED,
+        GrabStatus.EXHAUSTED,
+    ]
+    assert (await store.status(broken)) is not None
+    assert await store.client.llen(broken.shares) == 2
+    assert await store.client.hlen(broken.claims) == 0
+    lines = {}
+    for keys in (plain, acted, repeat, broken):
+        entries = [f for _, f in await store.client.xrange(keys.events) if f["p"] == keys.packet_id]
+        lines[keys] = [f["c"] for f in entries]
+    assert lines[plain] == [f"p 1:10:{answers[0][3]}"]  # type: ignore[index]
+    assert lines[acted] == [f"a 1:10:{answers[2][3]} svc"]  # type: ignore[index]
+    assert len(lines[repeat]) == 1  # the earlier grant only
+    assert lines[broken] == []
+    for keys, left in ((plain, 11), (acted, 11), (broken, 21)):
+        status = await store.status(keys)
+        assert status is not None and status.amount_left == left
+
+
 @pytest.mark.parametrize(("users", "bad"), [(["a", "b", "c", "d"], 2), (["a"], 0)])
 async def test_a_malformed_share_is_put_back_and_fails_the_packets_grabs(
     store: RedisStore, users: list[str], bad: int
