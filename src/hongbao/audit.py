@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from hongbao.domain.moments import ms
 from hongbao.ledger.sql import ClaimRow, PacketRecord
 from hongbao.service import Hongbao
-from hongbao.storage.codec import ClaimValue, Grants, decode_entry
+from hongbao.storage.codec import ClaimValue, Grants, decode_entries
 from hongbao.storage.redis import Event, PacketSnapshot
 
 #: how long the audit waits for the persister to drain before comparing (informational)
@@ -86,10 +86,10 @@ async def pending_claims(service: Hongbao) -> dict[tuple[str, str], ClaimValue]:
     found: dict[tuple[str, str], ClaimValue] = {}
     async for event in service.store.stream_entries():
         with contextlib.suppress(ValueError):  # a malformed entry is the persister's to park
-            entry = decode_entry(event.fields)
-            if isinstance(entry, Grants):
-                for user, claim in entry.claims:
-                    found[(entry.packet_id, user)] = claim
+            for entry in decode_entries(event.fields):
+                if isinstance(entry, Grants):
+                    for user, claim in entry.claims:
+                        found[(entry.packet_id, user)] = claim
     return found
 
 

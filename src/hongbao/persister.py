@@ -37,7 +37,7 @@ from hongbao.ledger import SqlLedger
 from hongbao.ledger.sql import ClaimEvent, LedgerEvent, RefundEvent
 from hongbao.pace import REPORT_TTL_MS
 from hongbao.settings import Settings
-from hongbao.storage.codec import Refund, decode_entry
+from hongbao.storage.codec import Refund, decode_entries
 from hongbao.storage.redis import Event, Pending, RedisStore
 
 log = logging.getLogger("hongbao.persister")
@@ -129,31 +129,35 @@ claim_moment = lru_cache(maxsize=4096)(from_ms)
 
 
 def parse_event(event: Event) -> list[LedgerEvent]:
-    """The ledger events of a stream entry (a grants entry holds several); ValueError says
-    why it is malformed."""
-    entry = decode_entry(event.fields)
-    if isinstance(entry, Refund):
-        refund = RefundEvent(
-            entry.packet_id,
-            entry.sender_id,
-            entry.amount,
-            entry.shares_left,
-            from_ms(entry.closed_at_ms),
-            entry.cancelled,
+    """The ledger events of a stream entry (a grants entry holds several, a grouped one
+    several packets' grants); ValueError says why it is malformed."""
+    out: list[LedgerEvent] = []
+    for entry in decode_entries(event.fields):
+        if isinstance(entry, Refund):
+            out.append(
+                RefundEvent(
+                    entry.packet_id,
+                    entry.sender_id,
+                    entry.amount,
+                    entry.shares_left,
+                    from_ms(entry.closed_at_ms),
+                    entry.cancelled,
+                )
+            )
+            continue
+        actors = entry.actors
+        out.extend(
+            ClaimEvent(
+                entry.packet_id,
+                claim.share_index,
+                user,
+                claim.amount,
+                claim_moment(claim.claimed_at_ms),
+                actors.get(user) if actors else None,
+            )
+            for user, claim in entry.claims
         )
-        return [refund]
-    actors = entry.actors
-    return [
-        ClaimEvent(
-            entry.packet_id,
-            claim.share_index,
-            user,
-            claim.amount,
-            claim_moment(claim.claimed_at_ms),
-            actors.get(user) if actors else None,
-        )
-        for user, claim in entry.claims
-    ]
+    return out
 
 
 @dataclass

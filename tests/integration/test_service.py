@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hongbao import service as service_module
-from hongbao.domain.models import GrabResult, PacketStatus, SplitMode
+from hongbao.domain.models import GrabResult, GrabStatus, PacketStatus, SplitMode
 from hongbao.errors import (
     IdempotencyConflict,
     InsufficientBalance,
@@ -17,8 +17,10 @@ from hongbao.errors import (
     PacketExpired,
     PacketNotFound,
 )
+from hongbao.keys import PacketKeys
 from hongbao.persister import Persister
 from hongbao.service import Hongbao
+from hongbao.storage.codec import Grants, decode_entries
 from hongbao.sweeper import Sweeper
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
@@ -233,4 +235,55 @@ async def test_poison_entry_goes_to_dead_letter(service: Hongbao, persister: Per
     assert len(parked) == 2 and persister.stats.dead_lettered == 2
     assert {("malformed" in p.fields["reason"]) for p in parked} == {True, False}
     assert (await service.wallet("u1")).balance + (await service.wallet("u2")).balance == 100
+    assert await service.ledger.audit() == []
+
+
+async def test_a_call_of_many_packets_groups_their_grants_by_stream_and_settles(
+    service: Hongbao, persister: Persister
+) -> None:
+    """A call of 40 packets (the script groups from 32) over the service's 4 buckets: one
+    entry per stream holds its packets' grants, plain, for an actor and several to a
+    packet; the persister applies every claim once, to the right packet."""
+    await service.deposit("s", 40 * 300)
+    packets = [await service.send("s", 300, 3) for _ in range(40)]
+    keys = [service.store.keys(p.id) for p in packets]
+    groups: list[tuple[PacketKeys, list[str]]] = [(k, [f"u{i}"]) for i, k in enumerate(keys)]
+    groups[1] = (keys[1], ["a=svc"])
+    groups[2] = (keys[2], ["b1", "b2", "b1"])
+    answers = await service.store.grab_batch(groups)
+    statuses = [a[0] for a in answers if not isinstance(a, Exception)]
+    granted, repeat = GrabStatus.GRANTED, GrabStatus.ALREADY_CLAIMED
+    assert statuses == [granted] * 4 + [repeat] + [granted] * 37
+    entries = [e async for e in service.store.stream_entries()]
+    assert sorted(e.stream for e in entries) == sorted({k.events for k in keys})
+    assert {e.fields["k"] for e in entries} == {"m"}
+    grants = {g.packet_id: g for e in entries for g in decode_entries(e.fields)}
+    assert isinstance(acted := grants[keys[1].packet_id], Grants) and acted.actors == {"a": "svc"}
+    assert isinstance(several := grants[keys[2].packet_id], Grants)
+    assert [u for u, _ in several.claims] == ["b1", "b2"]
+    await asyncio.wait_for(persister.drain(), 20)
+    assert persister.stats.dead_lettered == 0
+    for k, (_, users) in zip(keys, groups, strict=True):
+        claims = await service.ledger.claims_of(k.packet_id)
+        in_sql = {(c.user_id, c.share_idx + 1, c.amount) for c in claims}
+        in_redis = {(u, c.seq, c.amount) for u, c in (await service.store.claims(k)).items()}
+        assert in_sql == in_redis
+        assert {u for u, *_ in in_sql} == {u.split("=")[0] for u in users}
+    assert await service.ledger.audit() == []
+
+
+async def test_a_grouped_entry_with_a_bad_packet_parks_whole(
+    service: Hongbao, persister: Persister
+) -> None:
+    await service.deposit("s", 1000)
+    packet = await service.send("s", 100, 3)
+    keys = service.store.keys(packet.id)
+    await service.store.client.xadd(
+        keys.events, {"k": "m", packet.id: "u1 1:5:1", "other": "u2 nonsense"}
+    )
+    await service.store.client.xadd(keys.events, {"k": "m"})
+    await asyncio.wait_for(persister.drain(), 20)
+    parked = await service.store.dead_letters()
+    assert len(parked) == 2 and all("malformed" in p.fields["reason"] for p in parked)
+    assert (await service.wallet("u1")).balance == 0
     assert await service.ledger.audit() == []

@@ -13,7 +13,7 @@ from hongbao.domain.models import GrabStatus as S
 from hongbao.domain.rules import LOCKOUT_SECONDS, WRONG_TRIES, PacketRules
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
-from hongbao.storage.codec import Refund, decode_entry, grabber
+from hongbao.storage.codec import Refund, decode_entries, grabber
 from tests.storage.test_scripts import answered, now_ms
 
 pytestmark = pytest.mark.redis
@@ -117,7 +117,7 @@ async def test_one_call_mixes_packets_with_and_without_rules(store: RedisStore) 
         S.EXHAUSTED,
     ]
     entries = [e async for e in store.stream_entries()]
-    actors = [decode_entry(e.fields) for e in entries]
+    actors = [decode_entries(e.fields)[0] for e in entries]
     assert any(getattr(a, "actors", {}).get("ann") == "svc" for a in actors)
 
 
@@ -134,7 +134,9 @@ async def test_cancel_closes_once_and_grabs_after_it_are_refused(store: RedisSto
     live = await store.status(keys)
     assert live is not None and live.cancelled and live.closed_at_ms
     refunds = [
-        r async for e in store.stream_entries() if isinstance(r := decode_entry(e.fields), Refund)
+        r
+        async for e in store.stream_entries()
+        if isinstance(r := decode_entries(e.fields)[0], Refund)
     ]
     assert [(r.amount, r.shares_left, r.cancelled) for r in refunds] == [(50, 2, True)]
 

@@ -13,7 +13,7 @@ from hongbao.domain.models import GrabStatus
 from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
-from hongbao.storage.codec import ClaimValue, decode_entry
+from hongbao.storage.codec import ClaimValue, decode_entries
 from hongbao.storage.redis import Answer, claim_of, too_old
 
 pytestmark = pytest.mark.redis
@@ -77,7 +77,7 @@ async def test_grab_outcomes(store: RedisStore) -> None:
     assert await store.grab(store.keys(new_packet_id()), "dan") == (GrabStatus.UNKNOWN, 0, 0, 0)
     assert claim_of((GrabStatus.EXHAUSTED, 0, 0, 0)) is None
     events = await store.client.xrange(keys.events)
-    assert [[u for u, _ in decode_entry(e[1]).claims] for e in events] == [["alice"], ["bob"]]
+    assert [[u for u, _ in decode_entries(e[1])[0].claims] for e in events] == [["alice"], ["bob"]]
     assert all(e[1]["k"] == "g" and e[1]["p"] == keys.packet_id for e in events)
 
 
@@ -116,11 +116,11 @@ async def test_grab_batch_dedupes_and_spans_packets(store: RedisStore) -> None:
     assert [seq for _, seq, _, _ in answers] == [1, 1, 2, 0, 1, 2]
     # one stream entry per packet and call, holding that packet's grants in order
     entries = [fields for _, fields in await store.client.xrange(first.events)]
-    assert [(f["p"], [u for u, _ in decode_entry(f).claims]) for f in entries] == [
+    assert [(f["p"], [u for u, _ in decode_entries(f)[0].claims]) for f in entries] == [
         (first.packet_id, ["u1", "u2"]),
         (second.packet_id, ["u1", "u2"]),
     ]
-    assert [c for f in entries for _, c in decode_entry(f).claims] == [
+    assert [c for f in entries for _, c in decode_entries(f)[0].claims] == [
         claim_of(a) for a in answers if a[0] is GrabStatus.GRANTED
     ]
 
@@ -154,7 +154,7 @@ async def test_grab_batch_in_bulk_beyond_lua_stack(store: RedisStore) -> None:
     stored = await store.claims(keys)
     assert stored == {**early_claims, **granted}
     entries = [fields for _, fields in await store.client.xrange(keys.events)]
-    assert [u for f in entries for u, _ in decode_entry(f).claims] == [*early_claims, *granted]
+    assert [u for f in entries for u, _ in decode_entries(f)[0].claims] == [*early_claims, *granted]
     status = await store.status(keys)
     assert status is not None and (status.shares_left, status.amount_left) == (0, 0)
 
@@ -199,6 +199,44 @@ async def test_grab_batch_spans_buckets_on_one_server(store: RedisStore) -> None
         assert [f["p"] for _, f in entries] == [keys.packet_id]
 
 
+async def test_a_packet_named_twice_in_a_grouped_call_keeps_every_grant(
+    store: RedisStore,
+) -> None:
+    """A call of 40 packets writes grouped entries; a packet named in two groups has
+    the lines of both under its one field."""
+    keys = [await load(store, [5, 6]) for _ in range(20)]
+    groups = [(k, ["x"]) for k in keys] + [(k, ["y", "x"]) for k in keys]
+    answers = answered(await store.grab_batch(groups))
+    assert [s for s, *_ in answers] == [GrabStatus.GRANTED] * 20 + [
+        GrabStatus.GRANTED,
+        GrabStatus.ALREADY_CLAIMED,
+    ] * 20
+    grants = [
+        g for e in [e async for e in store.stream_entries()] for g in decode_entries(e.fields)
+    ]
+    assert sorted(g.packet_id for g in grants) == sorted(k.packet_id for k in keys)
+    assert all([u for u, _ in g.claims] == ["x", "y"] for g in grants)  # type: ignore[union-attr]
+
+
+async def test_a_grouped_call_beyond_lua_stack_writes_further_entries(store: RedisStore) -> None:
+    """512 packets of one stream: more fields than one XADD's slice."""
+    keys = []
+    for _ in range(512):
+        packet = PacketKeys.of(new_packet_id(), 1)
+        await store.load_packet(
+            packet,
+            expires_at_ms=now_ms() + 60_000,
+            keep_until_ms=now_ms() + 120_000,
+            shares=[(0, 3)],
+        )
+        keys.append(packet)
+    answered(await store.grab_batch([(k, [f"u{i}"]) for i, k in enumerate(keys)]))
+    entries = await store.client.xrange(keys[0].events)
+    assert [len(fields) for _, fields in entries] == [500, 14]  # k and 499 packets, then 13
+    grants = [g for _, fields in entries for g in decode_entries(fields)]
+    assert [g.packet_id for g in grants] == [k.packet_id for k in keys]
+
+
 async def test_close_refunds_once_and_remembers(store: RedisStore) -> None:
     keys = await load(store, [10, 20, 30], expires_in_ms=300)
     await store.grab(keys, "alice")
@@ -231,7 +269,7 @@ async def test_ack_and_dead_letter(store: RedisStore) -> None:
     await store.dead_letter(events[1], "bad thing")
     parked = await store.dead_letters()
     assert len(parked) == 1 and parked[0].fields["reason"] == "bad thing"
-    assert [u for u, _ in decode_entry(parked[0].fields).claims] == ["b"]
+    assert [u for u, _ in decode_entries(parked[0].fields)[0].claims] == ["b"]
     assert await store.backlog() == 0
 
 

@@ -9,12 +9,14 @@ The Lua scripts write the same forms; their headers name them:
   digests, ``,``-separated; user ids hold no ``=``, ``/``, ``,`` and no space);
 - an entry of a bucket's event stream is either **grants** ``{k=g, p=packet,
   c="user seq:amount:claimed_at_ms[ actor]" lines}`` (the grants of one packet in one
-  script call; the actor only on grants made for a user by a service) or a
+  script call; the actor only on grants made for a user by a service), **grouped
+  grants** ``{k=m, packet=lines, packet=lines, ...}`` (the grants of the packets of one
+  bucket in a script call of many packets, each packet once, its lines as in ``c``), or a
   **refund** ``{k=r, p=packet, s=sender, a=amount, n=shares left, t=closed_at_ms}``
   (a closed packet's remainder going back to its sender), with ``x=c`` when the
   packet was cancelled rather than expired.
 
-The persister, the audit and recovery decode entries with `decode_entry`.
+The persister, the audit and recovery decode entries with `decode_entries`.
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ def _grants(packet_id: str, text: str) -> Grants:
     return Grants(packet_id, claims, actors)
 
 
-def decode_entry(fields: dict[str, str]) -> StreamEntry:
-    """The grants or refund of a stream entry's fields; ValueError says why it is malformed.
+def decode_entries(fields: dict[str, str]) -> list[StreamEntry]:
+    """The grants or refund of a stream entry's fields (several grants for a grouped
+    entry, in the order of its fields); ValueError says why it is malformed.
 
     Kind ``c`` (one grant in fields ``u`` and ``c``) is the form older versions wrote;
     it is still read, so that a stream written before an upgrade drains after it.
@@ -124,9 +127,13 @@ def decode_entry(fields: dict[str, str]) -> StreamEntry:
     try:
         kind = fields["k"]
         if kind == "g":
-            grants = _grants(fields["p"], fields["c"])
+            grants = [_grants(fields["p"], fields["c"])]
+        elif kind == "m":
+            grants = [_grants(packet, text) for packet, text in fields.items() if packet != "k"]
+            if not grants:
+                raise ValueError("grouped grants of no packet")
         elif kind == "c":
-            grants = Grants(fields["p"], [(fields["u"], ClaimValue.parse(fields["c"]))])
+            grants = [Grants(fields["p"], [(fields["u"], ClaimValue.parse(fields["c"]))])]
         elif kind == "r":
             refund = Refund(
                 fields["p"],
@@ -138,16 +145,17 @@ def decode_entry(fields: dict[str, str]) -> StreamEntry:
             )
             if refund.amount < 0 or refund.shares_left < 0:
                 raise ValueError("negative refund")
-            return refund
+            return [refund]
         else:
             raise ValueError(f"unknown kind {kind!r}")
     except KeyError as missing:
         raise ValueError(f"malformed event: field {missing} missing") from None
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"malformed event: {exc}") from None
-    for user, claim in grants.claims:
-        if claim.seq < 1 or claim.amount <= 0:
-            raise ValueError(
-                f"malformed event: claim {claim.encode()!r} of {user!r} has no valid share"
-            )
-    return grants
+    for granted in grants:
+        for user, claim in granted.claims:
+            if claim.seq < 1 or claim.amount <= 0:
+                raise ValueError(
+                    f"malformed event: claim {claim.encode()!r} of {user!r} has no valid share"
+                )
+    return [*grants]

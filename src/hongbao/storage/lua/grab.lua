@@ -43,8 +43,10 @@
 --   8 locked out after wrong passphrases, 9 not started, 10 cancelled
 -- Shares are packed index * 2^32 + amount; claims are "seq:amount:claimed_at_ms" with
 -- seq = index + 1 (see hongbao/storage/codec.py).
--- Appends per packet with grants {k=g, p=packet, c=lines "user seq:amount:claimed_at_ms"},
--- a line ending in " actor" for a grant made by an actor.
+-- Appends the grants as lines "user seq:amount:claimed_at_ms", a line ending in " actor"
+-- for a grant made by an actor: in a call of fewer than 32 packets one entry per packet
+-- with grants, {k=g, p=packet, c=lines}; in a call of 32 or more, one entry per stream,
+-- {k=m, packet=lines, packet=lines, ...} (at most 499 packets an entry).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -382,6 +384,41 @@ local function parse_grabbers(grabbers, marked)
   return users, actors, attempts
 end
 
+-- A call of GROUP_AT packets or more (a coalesced storm spread over many packets) writes
+-- one entry per stream {k=m, packet=lines, ...}, each packet once (a packet named twice
+-- in the call has its lines joined): an XADD costs the script about a fifth of a
+-- packet's work. A smaller call writes one entry per packet {k=g, p=packet, c=lines}:
+-- few of its packets share a stream (there are 16 by default), and the grouping's
+-- tables would cost more than the XADDs they save.
+local GROUP_AT = 32
+
+-- one XADD per stream of the grants in `granted` (j, lines, j, lines, ...)
+local function append_grouped(granted)
+  local entries, places, streams, fields = {}, {}, {}, {}
+  for i = 1, #granted, 2 do
+    local j = granted[i]
+    local stream, packet = KEYS[6 * j + 1], ARGV[1 + 2 * j]
+    local entry = entries[stream]
+    if not entry or #entry >= CHUNK then  -- unpack's stack limit: a further entry
+      entry = {'k', 'm'}
+      entries[stream], places[stream] = entry, {}
+      streams[#streams + 1], fields[#streams + 1] = stream, entry
+    end
+    local at = places[stream][packet]
+    if at then
+      entry[at] = entry[at] .. '\n' .. granted[i + 1]
+    else
+      entry[#entry + 1] = packet
+      entry[#entry + 1] = granted[i + 1]
+      places[stream][packet] = #entry
+    end
+  end
+  for i, stream in ipairs(streams) do
+    redis.call('XADD', stream, '*', unpack(fields[i]))
+  end
+end
+
+local granted = #ARGV / 2 >= GROUP_AT and {} or nil
 for j = 0, #ARGV / 2 - 1 do
   local grabbers = ARGV[2 + 2 * j]
   local base = 6 * j
@@ -403,8 +440,15 @@ for j = 0, #ARGV / 2 - 1 do
     end
   end
   if taken and taken > 0 then
-    redis.call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[1 + 2 * j], 'c', lines)
+    if granted then
+      granted[#granted + 1], granted[#granted + 2] = j, lines
+    else
+      redis.call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[1 + 2 * j], 'c', lines)
+    end
     redis.pcall('HINCRBY', KEYS[base + 2], 'left', -taken)
   end
+end
+if granted and #granted > 0 then
+  append_grouped(granted)
 end
 return out
