@@ -96,6 +96,7 @@ def test_start_ping_stop(data_dir: Path, binary: Path | None) -> None:
         assert c.config_get("port") == {"port": "0"}
         assert c.config_get("unixsocketperm") == {"unixsocketperm": "700"}
         assert c.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert c.config_get("hash-max-listpack-entries") == {"hash-max-listpack-entries": "128"}
         assert c.config_get("protected-mode") == {"protected-mode": "yes"}
         assert Path(c.config_get("dir")["dir"]) == (data_dir / "redis").resolve()
     assert (data_dir / "redis" / "server.pid").read_text().strip() == str(pid)
