@@ -146,7 +146,7 @@ def parse_event(event: Event) -> list[LedgerEvent]:
             )
             continue
         actors = entry.actors
-        out.extend(
+        out += [
             ClaimEvent(
                 entry.packet_id,
                 claim.share_index,
@@ -156,7 +156,7 @@ def parse_event(event: Event) -> list[LedgerEvent]:
                 actors.get(user) if actors else None,
             )
             for user, claim in entry.claims
-        )
+        ]
     return out
 
 
