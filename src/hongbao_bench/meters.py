@@ -1,5 +1,5 @@
 """CPU and memory readers of the bench: Redis (INFO cpu), this process, the machine, a
-process tree (Linux /proc), and the peak RSS."""
+process tree, every process by name (Linux /proc), and the peak RSS."""
 
 from __future__ import annotations
 
@@ -7,20 +7,28 @@ import os
 import resource
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hongbao_bench.cluster import Admin, cpu_by_node
 
 
 def machine_busy_seconds() -> float | None:
     """CPU seconds all processes of the machine have used (Linux /proc/stat), or None."""
+    times = machine_seconds()
+    return None if times is None else times[0]
+
+
+def machine_seconds() -> tuple[float, float] | None:
+    """(busy, idle) CPU seconds of the whole machine (Linux /proc/stat), or None; waiting
+    for I/O counts as idle."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, idle / tick
 
 
 class CpuMeter:
@@ -111,4 +119,32 @@ def pids_named(*names: str) -> list[int]:
             continue
         if comm in names:
             found.append(int(entry.name))
+    return found
+
+
+class ProcessTimes(NamedTuple):
+    """One process: its command name (/proc/PID/comm), its parent's pid, and the user and
+    system time it has used, seconds."""
+
+    name: str
+    parent: int
+    user: float
+    system: float
+
+
+def process_times() -> dict[int, ProcessTimes]:
+    """Every process of the machine that /proc lets this one read, by pid (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, ProcessTimes] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            stat = text[text.rindex(")") + 2 :].split()
+            user, system = int(stat[11]) / tick, int(stat[12]) / tick
+            found[int(entry.name)] = ProcessTimes(name, int(stat[1]), user, system)
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
     return found

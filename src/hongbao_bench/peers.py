@@ -8,7 +8,9 @@ alternating rounds, ``hongbao serve --workers 2`` on its embedded default, the s
 API node (``--no-persister`` beside its own Valkey), and each peer, under ``wrk -t2
 -c64``, each followed by its own trivial endpoint; this module reports the medians of the
 rounds for two shapes: ``spread`` (request k to packet k mod 30) and ``hot`` (to one of
-2 packets).
+2 packets). It runs the runner through ``hongbao_bench.peers_runner``, which reads each
+process's CPU around each grab round: the medians of those, µs a request, show where a
+request's CPU goes on each server (``cpu_us_a_request``).
 
 The peers are built once by their ``build.sh`` into ``$PEERS_BUILD`` (default
 /tmp/hongbao-peers). Without the directory, ``wrk``, or a successful build, the scenario is
@@ -99,6 +101,8 @@ def run_shape(where: Path, shape: str, rounds: int, seconds: int) -> dict[str, A
         out = Path(tmp) / "rows.json"
         argv = [
             sys.executable,
+            "-m",
+            "hongbao_bench.peers_runner",
             str(where / "run_peers.py"),
             "--rounds",
             str(rounds),
@@ -161,6 +165,9 @@ def outcomes_of(shape: str, rows: dict[str, Sequence[dict[str, Any]]]) -> list[O
             "shape": shape,
             "server": server,
         }
+        cpu = cpu_medians([g["cpu_us"] for g in grabs if "cpu_us" in g])
+        if cpu:
+            figures["cpu_us_a_request"] = cpu
         if ok:
             note = f"every share granted, then {past_shares} refusals" if past_shares else ""
         elif hongbao:
@@ -173,6 +180,22 @@ def outcomes_of(shape: str, rows: dict[str, Sequence[dict[str, Any]]]) -> list[O
             )
         )
     return found
+
+
+def cpu_medians(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The medians over rounds of each process role's [user, system] µs a request and of
+    the machine's busy and idle µs a request (`hongbao_bench.peers_runner`)."""
+    if not rounds:
+        return {}
+    out: dict[str, Any] = {}
+    for key, first in rounds[0].items():
+        if isinstance(first, list):
+            out[key] = [
+                round(statistics.median(float(r[key][i]) for r in rounds), 1) for i in (0, 1)
+            ]
+        else:
+            out[key] = round(statistics.median(float(r[key]) for r in rounds), 1)
+    return out
 
 
 def refusals_past_shares(grab: dict[str, Any]) -> int:

@@ -214,6 +214,8 @@ def _headline(o: Outcome) -> str:
         bits.append(f"slices {' / '.join(_num(r) for r in f['slices_rps'])} req/s")
     if "hello_rps" in f:
         bits.append(f"p99 {f['p99_ms']} ms, its trivial endpoint {_num(f['hello_rps'])} req/s")
+    if f.get("cpu_us_a_request"):
+        bits.append(_processes_headline(f["cpu_us_a_request"]))
     if "grabs_per_call" in f:
         bits.append(f"{f['grabs_per_call']} grabs/call")
     if "packets_per_call" in f:
@@ -231,6 +233,20 @@ def _headline(o: Outcome) -> str:
     if o.note:
         bits.append(o.note)
     return "; ".join(bits)
+
+
+def _processes_headline(cpu: dict[str, Any]) -> str:
+    """A peers row's CPU a request, process by process: user + system µs of each role that
+    used any, then the machine's busy and idle µs."""
+    roles = [
+        f"{role} {user}+{system}"
+        for role, (user, system) in ((k, v) for k, v in cpu.items() if isinstance(v, list))
+        if user or system
+    ]
+    text = "cpu us per request (user+sys): " + ", ".join(roles)
+    if "machine_busy" in cpu:
+        text += f"; machine busy {cpu['machine_busy']}, idle {cpu['machine_idle']}"
+    return text
 
 
 def _settle_headline(f: dict[str, Any]) -> str:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from typer.testing import CliRunner
 from hongbao.cli import app
 from hongbao_bench.common import Outcome
 from hongbao_bench.peers import HONGBAO_SHARES, PEERS_DIR_ENV, outcomes_of, peers_dir
+from hongbao_bench.peers_runner import role_of
 from hongbao_bench.report import peers_targets
 
 
@@ -87,6 +91,63 @@ def test_a_hongbao_round_may_end_on_refusals_past_its_shares() -> None:
     assert row.status == "failed" and row.figures["rps"] == 32_000
 
 
+#: a runner with run_peers.py's shape: `wrk` runs a child process for each round (a grab
+#: round burns CPU for a while, a trivial endpoint's round does not), `main` writes rows
+FAKE_RUNNER = textwrap.dedent(
+    """
+    import json, subprocess, sys
+
+    BURN = "import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass"
+
+    def wrk(url, script, env, secs):
+        if script:
+            subprocess.run([sys.executable, "-c", BURN], check=True)
+        return {"rps": 1000.0, "non2xx": 0, "p99_ms": 1.0, "requests": 1000}
+
+    def main():
+        grab = wrk("u", "grab script", {}, 1) | {"machine_busy_pct": 50.0}
+        rows = {"go": [{"grab": grab, "hello": wrk("u", "", {}, 1), "check": {"ok": True}}]}
+        json.dump(rows, open(sys.argv[sys.argv.index("--json") + 1], "w"))
+        return 0
+    """
+)
+
+
+def test_the_runner_adds_each_grab_rounds_cpu_by_process(tmp_path: Path) -> None:
+    runner = tmp_path / "run_peers.py"
+    runner.write_text(FAKE_RUNNER)
+    out = tmp_path / "rows.json"
+    argv = [sys.executable, "-m", "hongbao_bench.peers_runner", str(runner), "--json", str(out)]
+    subprocess.run(argv, check=True, timeout=60)
+    (round_,) = json.loads(out.read_text())["go"]
+    cpu = round_["grab"]["cpu_us"]
+    # the round's child (where wrk would be) burned 0.3 s over 1,000 requests
+    assert 250 <= cpu["wrk"][0] + cpu["wrk"][1] <= 600
+    assert cpu["machine_busy"] >= 250
+    assert set(cpu) >= {"server", "main", "valkey", "wrk", "other", "machine_idle"}
+    assert "cpu_us" not in round_["hello"]
+    (row,) = outcomes_of("spread", json.loads(out.read_text()))
+    assert row.figures["cpu_us_a_request"]["wrk"] == cpu["wrk"]
+
+
+def test_a_runner_without_wrk_runs_without_the_cpu(tmp_path: Path) -> None:
+    runner = tmp_path / "run_peers.py"
+    runner.write_text("def main():\n    print('ran')\n    return 0\n")
+    argv = [sys.executable, "-m", "hongbao_bench.peers_runner", str(runner)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "ran"
+    assert "no wrk function" in done.stderr
+
+
+def test_processes_are_told_apart_by_name_and_parent() -> None:
+    assert role_of("python3.11", "hongbao") == "server"  # an API worker of hongbao serve
+    assert role_of("python", "bash") == "other"  # any other Python on the machine
+    assert role_of("hongbao", "python") == "main"
+    assert role_of("valkey-server", "hongbao") == "valkey"
+    assert role_of("node", "node") == role_of("peer-go", "python") == "server"
+    assert role_of("postgres", "postgres") == "other"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_peers_run_beside_hongbao(tmp_path: Path) -> None:
@@ -105,3 +166,7 @@ def test_the_peers_run_beside_hongbao(tmp_path: Path) -> None:
             row = rows[f"peers-{shape}:{server}"]
             assert row["status"] == "ok", row
             assert row["figures"]["rps"] > 0
+            cpu = row["figures"]["cpu_us_a_request"]
+            assert sum(cpu["server"]) > 0 and sum(cpu["valkey"]) > 0 and sum(cpu["wrk"]) > 0
+        # the embedded default's persister runs in serve's own process
+        assert sum(rows[f"peers-{shape}:hongbao"]["figures"]["cpu_us_a_request"]["main"]) > 0
