@@ -56,6 +56,7 @@ class Reading:
 
 
 def role_of(name: str, parent_name: str) -> str:
+    """The role of a process by its name and its parent's (see `ROLES`)."""
     if name in ROLE_OF_NAME:
         return ROLE_OF_NAME[name]
     return "server" if name.startswith("python") and parent_name == "hongbao" else "other"
