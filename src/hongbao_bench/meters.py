@@ -72,6 +72,18 @@ class CpuMeter:
         return out
 
 
+def _pids() -> list[int]:
+    """The processes of this machine (Linux /proc)."""
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _stat(pid: int) -> tuple[str, list[str]]:
+    """A process's command name and the fields of /proc/PID/stat after it (the state
+    first; user and system ticks at 11 and 12). OSError when the process is gone."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of a process and its descendants, from /proc (Linux)."""
     total, todo = 0.0, [pid]
@@ -79,7 +91,7 @@ def tree_cpu_seconds(pid: int) -> float:
     while todo:
         current = todo.pop()
         try:
-            stat = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            _, stat = _stat(current)
             total += (int(stat[11]) + int(stat[12])) / tick
             for task in Path(f"/proc/{current}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
@@ -98,8 +110,8 @@ def process_cpu_seconds(pid: int, *, reaped: bool = False) -> float:
     with `reaped`, also those of its children that ended and were waited for. 0.0 when the
     process is gone or /proc cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        _, stat = _stat(pid)
+    except (OSError, ValueError):
         return 0.0
     ticks = int(stat[11]) + int(stat[12])
     if reaped:
@@ -110,15 +122,13 @@ def process_cpu_seconds(pid: int, *, reaped: bool = False) -> float:
 def pids_named(*names: str) -> list[int]:
     """The processes of this machine whose command name (/proc/PID/comm) is one of `names`."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _pids():
         try:
-            comm = (entry / "comm").read_text().strip()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
         if comm in names:
-            found.append(int(entry.name))
+            found.append(pid)
     return found
 
 
@@ -136,15 +146,11 @@ def process_times() -> dict[int, ProcessTimes]:
     """Every process of the machine that /proc lets this one read, by pid (Linux)."""
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, ProcessTimes] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _pids():
         try:
-            text = (entry / "stat").read_text()
-            name = text[text.index("(") + 1 : text.rindex(")")]
-            stat = text[text.rindex(")") + 2 :].split()
+            name, stat = _stat(pid)
             user, system = int(stat[11]) / tick, int(stat[12]) / tick
-            found[int(entry.name)] = ProcessTimes(name, int(stat[1]), user, system)
+            found[pid] = ProcessTimes(name, int(stat[1]), user, system)
         except (OSError, ValueError, IndexError):
             continue  # a process that ended meanwhile
     return found
