@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from hongbao.domain.splitting import SplitLimits
+from hongbao.domain.splitting import MAX_SHARE_AMOUNT, SplitLimits
 from hongbao.errors import ConfigurationError
 
 ENV_PREFIX = "HONGBAO_"
@@ -79,8 +79,8 @@ WEBHOOK_HOSTS = Allowed(
 
 #: HONGBAO_MIN_SHARE, HONGBAO_MAX_SHARE, HONGBAO_MAX_COUNT: the fields of `SplitLimits`
 SPLIT_LIMITS: dict[str, Allowed] = {
-    "min_share": Allowed(1, 10_000_000_000),
-    "max_share": Allowed(1, 10_000_000_000),
+    "min_share": Allowed(1, MAX_SHARE_AMOUNT),
+    "max_share": Allowed(1, MAX_SHARE_AMOUNT),
     "max_count": Allowed(1, 100_000),
 }
 

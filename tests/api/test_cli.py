@@ -170,6 +170,12 @@ def nothing_started(data_dir: Path) -> None:
         pytest.param("HONGBAO_BUCKETS", "0", ["HONGBAO_BUCKETS", "from 1 to 1024"], id="buckets-0"),
         pytest.param("HONGBAO_MAX_SHARE", "abc", ["HONGBAO_MAX_SHARE", "whole number"], id="text"),
         pytest.param(
+            "HONGBAO_MAX_SHARE",
+            "4294967296",
+            ["HONGBAO_MAX_SHARE", "from 1 to 4294967295"],
+            id="share-beyond-32-bits",
+        ),
+        pytest.param(
             "HONGBAO_MIN_SHARE", "30000", ["HONGBAO_MIN_SHARE", "must not exceed"], id="min>max"
         ),
         pytest.param(

@@ -10,6 +10,7 @@ from redis.crc import key_slot
 
 from hongbao.domain.ids import new_packet_id
 from hongbao.domain.models import GrabStatus
+from hongbao.domain.splitting import MAX_SHARE_AMOUNT
 from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore
@@ -79,6 +80,16 @@ async def test_grab_outcomes(store: RedisStore) -> None:
     events = await store.client.xrange(keys.events)
     assert [[u for u, _ in decode_entries(e[1])[0].claims] for e in events] == [["alice"], ["bob"]]
     assert all(e[1]["k"] == "g" and e[1]["p"] == keys.packet_id for e in events)
+
+
+async def test_the_largest_share_keeps_its_amount_and_index(store: RedisStore) -> None:
+    keys = await load(store, [MAX_SHARE_AMOUNT, MAX_SHARE_AMOUNT - 1])
+    first, second = await store.grab(keys, "alice"), await store.grab(keys, "bob")
+    assert first[:3] == (GrabStatus.GRANTED, 1, MAX_SHARE_AMOUNT)
+    assert second[:3] == (GrabStatus.GRANTED, 2, MAX_SHARE_AMOUNT - 1)
+    claims = await store.claims(keys)
+    assert (claims["alice"].share_index, claims["bob"].amount) == (0, MAX_SHARE_AMOUNT - 1)
+    assert (await store.status(keys)).amount_left == 0  # type: ignore[union-attr]
 
 
 async def test_grab_after_expiry_by_server_clock(store: RedisStore) -> None:

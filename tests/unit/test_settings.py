@@ -61,6 +61,6 @@ def test_every_setting_says_what_it_accepts() -> None:
         assert f.name in unchecked or ALLOWED in f.metadata, f.name
     table = {name: accepts for name, _, accepts in settings_table()}
     assert table["HONGBAO_BUCKETS"] == "from 1 to 1024"
-    assert table["HONGBAO_MAX_SHARE"] == "from 1 to 10000000000"
+    assert table["HONGBAO_MAX_SHARE"] == "from 1 to 4294967295"
     assert table["HONGBAO_ALLOW_EVICTION"] == "1 or 0"
     assert len(table) == len(fields(Settings)) + 2  # split_limits is three variables

@@ -245,6 +245,7 @@ def test_unknown_strategy_refused_before_drawing(strategy: str) -> None:
         {"min_share": -1},
         {"min_share": 10, "max_share": 9},
         {"max_share": 0},
+        {"max_share": (1 << 32)},
         {"max_count": 0},
         {"max_count": -3},
     ],

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from hongbao.domain.models import SplitMode
 from hongbao.errors import SplitError
 
+#: the largest share a packet can hold, fen: Redis keeps a share's amount in 32 bits
+#: (hongbao.storage.codec packs index * 2^32 + amount)
+MAX_SHARE_AMOUNT = (1 << 32) - 1
+
 
 @dataclass(frozen=True, slots=True)
 class SplitLimits:
@@ -26,6 +30,8 @@ class SplitLimits:
     def __post_init__(self) -> None:
         if not 1 <= self.min_share <= self.max_share:
             raise SplitError("split limits need 1 <= min_share <= max_share")
+        if self.max_share > MAX_SHARE_AMOUNT:
+            raise SplitError(f"split limits need max_share <= {MAX_SHARE_AMOUNT}")
         if self.max_count < 1:
             raise SplitError("split limits need max_count >= 1")
 

@@ -26,7 +26,8 @@ from typing import NamedTuple
 
 from hongbao.domain.models import index_of, seq_of
 
-#: a share travels as index * SHARE_PACK + amount (amounts stay below 2^32 fen)
+#: a share travels as index * SHARE_PACK + amount (amounts are at most
+#: domain.splitting.MAX_SHARE_AMOUNT, below 2^32 fen)
 SHARE_PACK = 1 << 32
 #: between a user and the actor grabbing for them, in a grabber
 ACTOR_MARK = "="
