@@ -12,7 +12,7 @@ from hongbao.domain.ids import new_packet_id
 from hongbao.domain.models import GrabStatus as S
 from hongbao.domain.rules import LOCKOUT_SECONDS, WRONG_TRIES, PacketRules
 from hongbao.keys import PacketKeys
-from hongbao.storage import RedisStore
+from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import Refund, decode_entries, grabber
 from tests.storage.test_scripts import answered, now_ms
 
@@ -119,6 +119,60 @@ async def test_one_call_mixes_packets_with_and_without_rules(store: RedisStore) 
     entries = [e async for e in store.stream_entries()]
     actors = [decode_entries(e.fields)[0] for e in entries]
     assert any(getattr(a, "actors", {}).get("ann") == "svc" for a in actors)
+
+
+async def script_calls(store: RedisStore) -> int:
+    stats = await store.client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_host_that_did_not_load_a_packet_learns_its_rules(
+    store: RedisStore, redis_url: str
+) -> None:
+    """Only the loading store knows a packet has rules: another host's first call leaves
+    the packet as it was, the grabs go again with its audience and tries keys, and the
+    host remembers the packet."""
+    plain = await load(store, [1, 2, 3], PacketRules())
+    audience = await load(store, [10, 20, 30, 40], PacketRules(("ann", "bob", "cat"), 3))
+    phrase = await load(store, [5, 6], PacketRules(passphrase_hash=RIGHT))
+    (ann_first,) = answered([await store.grab(audience, "ann")])
+    other = store_from_url(redis_url, buckets=4)
+    try:
+        before = await script_calls(other)
+        got = answered(
+            await other.grab_batch(
+                [
+                    (plain, ["ann"]),
+                    (audience, ["ann", "eve", "bob"]),
+                    (phrase, [grabber("dan", None, WRONG)]),
+                    (phrase, [grabber("dan", None, RIGHT)]),
+                    (plain, ["bob", "ann"]),
+                ]
+            )
+        )
+        assert [a[0] for a in got] == [
+            S.GRANTED,
+            S.ALREADY_CLAIMED,
+            S.NOT_IN_AUDIENCE,
+            S.GRANTED,
+            S.WRONG_PASSPHRASE,
+            S.GRANTED,
+            S.GRANTED,
+            S.ALREADY_CLAIMED,
+        ]
+        assert got[1][1:] == ann_first[1:] and got[3][1:3] == (2, 20) and got[5][1:3] == (1, 5)
+        assert await script_calls(other) - before == 2
+        # one wrong try counted, once: the first call changed nothing of the packet
+        tries = await store.client.hgetall(store.keys(phrase.packet_id).tries)
+        assert tries.keys() == {"dan"} and tries["dan"].startswith("1:")
+        before = await script_calls(other)
+        (cat,) = answered([await other.grab(audience, "cat")])
+        assert cat[:3] == (S.GRANTED, 3, 30)
+        assert await script_calls(other) - before == 1
+    finally:
+        await other.aclose()
+    live = await store.status(audience)
+    assert live is not None and (live.shares_left, live.amount_left) == (1, 40)
 
 
 async def test_cancel_closes_once_and_grabs_after_it_are_refused(store: RedisStore) -> None:

@@ -38,11 +38,17 @@ log = logging.getLogger("hongbao.storage")
 
 #: grab.lua's code for a grab of a packet whose keys it could not read
 UNREADABLE = 5
-#: GrabStatus by script return code, without an Enum call per grab (UNREADABLE, which
-#: is no GrabStatus, holds a place that is never read)
+#: grab.lua's code for a grab of a packet with rules whose rules keys the call did not
+#: name (nothing of the packet changed: the grab is sent again with them)
+NO_RULES_KEYS = 11
+#: packets with rules a store remembers (beyond, it forgets the oldest: a packet it
+#: forgot costs one more script call when grabbed next)
+REMEMBERED_RULED = 65_536
+#: GrabStatus by script return code, without an Enum call per grab (UNREADABLE and
+#: NO_RULES_KEYS, which are no GrabStatus, hold places that are never read)
 _STATUSES = tuple(
-    GrabStatus(code) if code != UNREADABLE else GrabStatus.UNKNOWN
-    for code in range(max(GrabStatus) + 1)
+    GrabStatus(code) if code not in (UNREADABLE, NO_RULES_KEYS) else GrabStatus.UNKNOWN
+    for code in range(max(*GrabStatus, NO_RULES_KEYS) + 1)
 )
 
 #: the oldest Redis the scripts run on (grab.lua pops with LPOP key count)
@@ -139,6 +145,9 @@ class RedisStore:
         self._kept = (
             KeptConnections(client.connection_pool) if isinstance(client, aioredis.Redis) else None
         )
+        #: ids of the packets known to have rules, oldest first: grab.lua needs their
+        #: audience and tries keys (see `grab_batch`)
+        self._ruled: dict[str, None] = {}
         self.lua_load = self._script("load")
         self.lua_grab = self._script("grab")
         self.lua_close = self._script("close")
@@ -241,7 +250,15 @@ class RedisStore:
         loaded = await self._run(
             self.lua_load, [keys.meta, keys.shares, keys.claims, keys.audience], args
         )
+        if rules.audience or rules.passphrase_hash or start:
+            self._remember_ruled(keys.packet_id)
         return bool(loaded)
+
+    def _remember_ruled(self, packet_id: str) -> None:
+        ruled = self._ruled
+        ruled[packet_id] = None
+        if len(ruled) > REMEMBERED_RULED:
+            del ruled[next(iter(ruled))]
 
     async def grab(
         self,
@@ -265,31 +282,61 @@ class RedisStore:
         the order of the groups and of the grabbers in each. A grabber is a user id, or
         `codec.grabber` of a user and the actor grabbing for them. On a cluster, one
         bucket only. A packet whose data Redis cannot read answers its own
-        grabs with a StorageError."""
+        grabs with a StorageError.
+
+        A packet's audience and tries keys are named only for the packets this store knows
+        to have rules (it loaded them, or grab.lua said so before): grab.lua answers a
+        packet with rules whose keys are missing with NO_RULES_KEYS and leaves it as it
+        was, and its grabs are sent again in a call that names them."""
         bucket = groups[0][0].bucket
         keys: list[str] = []
-        args: list[str] = []
-        for packet, users in groups:
+        args: list[str] = [""]
+        ruled = self._ruled
+        named: list[int] = []
+        for j, (packet, users) in enumerate(groups):
             if self.cluster and packet.bucket != bucket:
                 raise ValueError("a grab batch must stay inside one bucket on a cluster")
-            keys += (
-                packet.events,
-                packet.meta,
-                packet.shares,
-                packet.claims,
-                packet.audience,
-                packet.tries,
-            )
+            keys += (packet.events, packet.meta, packet.shares, packet.claims)
             args += (packet.packet_id, " ".join(users))
+            if packet.packet_id in ruled:
+                named.append(j)
+        if named:
+            args[0] = " ".join(map(str, named))
+            for j in named:
+                keys += (groups[j][0].audience, groups[j][0].tries)
         flat = await self._run(self.lua_grab, keys, args)
+        resend = flat.pop()
         statuses = _STATUSES
         fours = iter(flat)
-        return [
+        answers: list[Answer | StorageError] = [
             (statuses[status], seq, amount, at)
             if status != UNREADABLE
             else StorageError("redis: the packet's data there is unreadable")
             for status, seq, amount, at in zip(fours, fours, fours, fours, strict=True)
         ]
+        if resend:
+            await self._grab_again_with_rules(groups, flat, answers)
+        return answers
+
+    async def _grab_again_with_rules(
+        self,
+        groups: Sequence[tuple[PacketKeys, Sequence[str]]],
+        flat: list[int],
+        answers: list[Answer | StorageError],
+    ) -> None:
+        """Send again the grabs of the packets grab.lua answered NO_RULES_KEYS (`flat` is
+        its reply), now with their rules keys, and put their answers in `answers`."""
+        again: list[tuple[int, int]] = []  # (group, its first answer's place)
+        at = 0
+        for g, (packet, users) in enumerate(groups):
+            if NO_RULES_KEYS in flat[4 * at : 4 * (at + len(users)) : 4]:
+                again.append((g, at))
+                self._remember_ruled(packet.packet_id)
+            at += len(users)
+        redone = iter(await self.grab_batch([groups[g] for g, _ in again]))
+        for g, start in again:
+            for i in range(len(groups[g][1])):
+                answers[start + i] = next(redone)
 
     async def close_packet(
         self, keys: PacketKeys, sender_id: str, retention_ms: int

@@ -25,22 +25,30 @@
 --     also for any grab of theirs until then); a lockout that ended starts a new count.
 -- A user who holds a claim always gets it back (status 2), whatever the rules.
 --
--- KEYS[1+6j .. 6+6j]      event stream of its bucket, meta hash, shares list, claims
---                         hash, audience set, tries hash of packet j (j = 0 ..); on a
+-- KEYS[1+4j .. 4+4j]      event stream of its bucket, meta hash, shares list, claims
+--                         hash of packet j (j = 0 .. P-1); then the audience set and
+--                         tries hash of each packet ARGV[1] names, in its order; on a
 --                         cluster all in one slot (bucket)
--- ARGV[1+2j]              packet id of packet j
--- ARGV[2+2j]              grabbers of packet j, in order, separated by one space: a
+-- ARGV[1]                 the packets (their j, separated by one space) whose audience
+--                         and tries keys follow: the packets the caller knows to have
+--                         rules, usually none (""): a packet without rules needs no
+--                         such keys, and every key a call names costs the script work
+-- ARGV[2+2j]              packet id of packet j
+-- ARGV[3+2j]              grabbers of packet j, in order, separated by one space: a
 --                         user id, then "=actor" when a service (the actor) grabs for
 --                         the user, then "/digests" when the grab carries a passphrase
 --                         (its digests under each passphrase key, separated by ","); user
 --                         ids hold none of '=', '/', ',' or spaces
--- Returns a flat list of integers, four per grab, packet by packet, users in order:
+-- Returns a flat list of integers, four per grab, packet by packet, users in order, and
+-- last the number of packets answered with status 11:
 --   status, seq, amount, claimed_at_ms (the last three 0 when the user holds no share;
 --   for statuses 8 and 9 the last is the ms to wait)
 --   status: 0 unknown packet, 1 granted now, 2 claimed before (the earlier claim
 --   again), 3 exhausted, 4 expired (by this server's clock, or closed),
 --   5 this packet's data is unreadable, 6 not in the audience, 7 wrong passphrase,
---   8 locked out after wrong passphrases, 9 not started, 10 cancelled
+--   8 locked out after wrong passphrases, 9 not started, 10 cancelled, 11 the packet
+--   has rules and ARGV[1] did not name it: nothing of it changed, and a call naming it
+--   (with its audience and tries keys) grabs (a user with a claim gets status 2)
 -- Shares are packed index * 2^32 + amount; claims are "seq:amount:claimed_at_ms" with
 -- seq = index + 1 (see hongbao/storage/codec.py).
 -- Appends the grants as lines "user seq:amount:claimed_at_ms", a line ending in " actor"
@@ -54,6 +62,20 @@ local claim_tail = ':' .. string.format('%d', now)
 local out = {}
 local n = 0
 local WRONG_TRIES, LOCKOUT_MS = 5, 600000
+local NO_RULES_KEYS = 11
+local resend = 0  -- packets answered NO_RULES_KEYS
+local PACKETS = (#ARGV - 1) / 2
+
+-- j -> the index in KEYS of packet j's audience key (its tries key follows), for the
+-- packets ARGV[1] names; nil when it names none
+local rules_keys = nil
+if ARGV[1] ~= '' then
+  rules_keys = {}
+  local at = 4 * PACKETS + 1
+  for j in string.gmatch(ARGV[1], '%d+') do
+    rules_keys[tonumber(j)], at = at, at + 2
+  end
+end
 
 local function put(status, seq, amount, at)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = status, seq, amount, at
@@ -296,10 +318,15 @@ local function take(keys, users, attempts, claimed, wanting, state, wait, rules,
   end
 end
 
--- the keys of packet j's grabs, whose KEYS start after `base`
+-- the keys of packet j's grabs, whose KEYS start after `base` (= 4j); nil when the
+-- packet has rules and the call does not name its audience and tries keys
 local function packet_keys(base)
+  local at = rules_keys and rules_keys[base / 4]
+  if not at then
+    return nil
+  end
   return {meta = KEYS[base + 2], shares = KEYS[base + 3], claims = KEYS[base + 4],
-    audience = KEYS[base + 5], tries = KEYS[base + 6]}
+    audience = KEYS[at], tries = KEYS[at + 1]}
 end
 
 -- A packet with one grab in the call (most of them in a spread storm, and from HTTP
@@ -314,8 +341,13 @@ local function grab_one(base, user, attempts, actors, done)
   end
   local state, wait, rules = packet_state(KEYS[base + 2])
   if rules then
+    local keys = packet_keys(base)
+    if not keys then
+      resend = resend + 1
+      return put(NO_RULES_KEYS, 0, 0, 0)
+    end
     done = done or {grants = {}, taken = 0}
-    take(packet_keys(base), {user}, attempts, {}, {user}, state, wait, rules, done, actors)
+    take(keys, {user}, attempts, {}, {user}, state, wait, rules, done, actors)
     return done.grants[1], done.taken
   end
   local raw = state == -1 and redis.call('LPOP', KEYS[base + 3])
@@ -355,7 +387,22 @@ local function grab_packet(base, users, attempts, actors, done)
   if #wanting > 0 then
     state, wait, rules = packet_state(KEYS[base + 2])
   end
-  take(packet_keys(base), users, attempts, claimed, wanting, state, wait, rules, done, actors)
+  local keys = {meta = KEYS[base + 2], shares = KEYS[base + 3], claims = KEYS[base + 4]}
+  if rules then
+    keys = packet_keys(base)
+    if not keys then  -- the users with a claim get it; the others are sent back
+      resend = resend + 1
+      for _, user in ipairs(users) do
+        if claimed[user] then
+          put_prior(claimed[user], user)
+        else
+          put(NO_RULES_KEYS, 0, 0, 0)
+        end
+      end
+      return
+    end
+  end
+  take(keys, users, attempts, claimed, wanting, state, wait, rules, done, actors)
 end
 
 -- the grabbers of one packet (see ARGV): users in order, then the actors (by user) and
@@ -397,7 +444,7 @@ local function append_grouped(granted)
   local entries, places, streams, fields = {}, {}, {}, {}
   for i = 1, #granted, 2 do
     local j = granted[i]
-    local stream, packet = KEYS[6 * j + 1], ARGV[1 + 2 * j]
+    local stream, packet = KEYS[4 * j + 1], ARGV[2 + 2 * j]
     local entry = entries[stream]
     if not entry or #entry >= CHUNK then  -- unpack's stack limit: a further entry
       entry = {'k', 'm'}
@@ -418,10 +465,10 @@ local function append_grouped(granted)
   end
 end
 
-local granted = #ARGV / 2 >= GROUP_AT and {} or nil
-for j = 0, #ARGV / 2 - 1 do
-  local grabbers = ARGV[2 + 2 * j]
-  local base = 6 * j
+local granted = PACKETS >= GROUP_AT and {} or nil
+for j = 0, PACKETS - 1 do
+  local grabbers = ARGV[3 + 2 * j]
+  local base = 4 * j
   local first = n
   local count, ok, lines, taken = 1, nil, nil, nil
   local marked = string.find(grabbers, '[=/]')
@@ -443,7 +490,7 @@ for j = 0, #ARGV / 2 - 1 do
     if granted then
       granted[#granted + 1], granted[#granted + 2] = j, lines
     else
-      redis.call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[1 + 2 * j], 'c', lines)
+      redis.call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[2 + 2 * j], 'c', lines)
     end
     redis.pcall('HINCRBY', KEYS[base + 2], 'left', -taken)
   end
@@ -451,4 +498,5 @@ end
 if granted and #granted > 0 then
   append_grouped(granted)
 end
+out[n + 1] = resend
 return out
