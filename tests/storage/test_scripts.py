@@ -191,6 +191,25 @@ async def test_grab_batch_repeats_after_close_get_their_claim(store: RedisStore)
     ]
 
 
+async def test_a_spent_packet_answers_exhausted_before_and_after_closing(
+    store: RedisStore,
+) -> None:
+    spent, left = (
+        await load(store, [5], expires_in_ms=300),
+        await load(store, [5], expires_in_ms=300),
+    )
+    assert answered([await store.grab(spent, "a")])[0][0] is GrabStatus.GRANTED
+    await asyncio.sleep(0.4)
+    for closing in (False, True):
+        if closing:
+            assert (await store.close_packet(spent, "sender", 60_000))[0] == 1
+            assert (await store.close_packet(left, "sender", 60_000))[0] == 1
+        for users in (["b"], ["b", "c"]):  # the one-grab path and the bulk one
+            got = answered(await store.grab_batch([(spent, users), (left, users)]))
+            n = len(users)
+            assert [a[0] for a in got] == [GrabStatus.EXHAUSTED] * n + [GrabStatus.EXPIRED] * n
+
+
 async def test_grab_batch_spans_buckets_on_one_server(store: RedisStore) -> None:
     first = await load(store, [5])
     other = next(

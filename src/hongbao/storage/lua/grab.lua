@@ -56,9 +56,17 @@
 -- with grants, {k=g, p=packet, c=lines}; in a call of 32 or more, one entry per stream,
 -- {k=m, packet=lines, packet=lines, ...} (at most 499 packets an entry).
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local claim_tail = ':' .. string.format('%d', now)
+-- The library functions and tables the grabs use, held in locals: each use of a global
+-- is a lookup in the globals table, a local's is not.
+local call, pcall_redis = redis.call, redis.pcall
+local format, find, match, gmatch = string.format, string.find, string.match, string.gmatch
+local floor, min, tonumber, unpack = math.floor, math.min, tonumber, unpack
+local ipairs, pairs, pcall, error, type = ipairs, pairs, pcall, error, type
+local KEYS, ARGV = KEYS, ARGV
+
+local t = call('TIME')
+local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+local claim_tail = ':' .. format('%d', now)
 local out = {}
 local n = 0
 local WRONG_TRIES, LOCKOUT_MS = 5, 600000
@@ -72,7 +80,7 @@ local rules_keys = nil
 if ARGV[1] ~= '' then
   rules_keys = {}
   local at = 4 * PACKETS + 1
-  for j in string.gmatch(ARGV[1], '%d+') do
+  for j in gmatch(ARGV[1], '%d+') do
     rules_keys[tonumber(j)], at = at, at + 2
   end
 end
@@ -86,7 +94,7 @@ local CHUNK = 1000  -- unpack() has a stack limit: commands take their arguments
 
 -- a claim held before ("seq:amount:claimed_at_ms"), answered as status 2
 local function put_prior(claim, user)
-  local s, a, ms = string.match(claim, '^(%d+):(%d+):(%d+)$')
+  local s, a, ms = match(claim, '^(%d+):(%d+):(%d+)$')
   if not s then
     error('malformed claim of ' .. user)
   end
@@ -99,20 +107,20 @@ local function share_claim(text)
   if not packed then
     return nil
   end
-  local index = math.floor(packed / 4294967296)
+  local index = floor(packed / 4294967296)
   local amount = packed - index * 4294967296
-  return index + 1, amount, string.format('%d:%d', index + 1, amount) .. claim_tail
+  return index + 1, amount, format('%d:%d', index + 1, amount) .. claim_tail
 end
 
 -- user -> the claim text (prior or granted now), or false when the user holds none
 local function read_claims(claims_key, users)
   local claimed = {}
   for first = 1, #users, CHUNK do
-    local last = math.min(first + CHUNK - 1, #users)
-    local priors = redis.call('HMGET', claims_key, unpack(users, first, last))
+    local last = min(first + CHUNK - 1, #users)
+    local priors = call('HMGET', claims_key, unpack(users, first, last))
     for i = first, last do
       local prior = priors[i - first + 1]
-      if prior and not string.match(prior, '^%d+:%d+:%d+$') then
+      if prior and not match(prior, '^%d+:%d+:%d+$') then
         error('malformed claim of ' .. users[i])
       end
       claimed[users[i]] = prior
@@ -121,30 +129,31 @@ local function read_claims(claims_key, users)
   return claimed
 end
 
-local function ended(meta_key, left)
-  if redis.call('HEXISTS', meta_key, 'cx') == 1 then
+-- the status of a packet that takes no more grabs: 10 cancelled, 3 exhausted (nothing
+-- left), 4 expired (or closed at its expiry)
+local function ended(meta_key, closed)
+  local meta = call('HMGET', meta_key, 'cx', 'left')
+  if closed and meta[1] then
     return 10
   end
-  return (tonumber(left) == 0) and 3 or 4
+  return (tonumber(meta[2]) == 0) and 3 or 4
 end
 
 -- -1 when the packet takes grabs, else the status for a user without a claim (and the
 -- ms to wait, for status 9); with -1, the packet's rules when it has any
 local function packet_state(meta_key)
-  local meta = redis.call('HMGET', meta_key, 'exp', 'closed', 'left', 'r')
+  local meta = call('HMGET', meta_key, 'exp', 'closed', 'r')
   local exp = tonumber(meta[1])
   if not meta[1] then
     return 0, 0
   elseif not exp then
     error('malformed expiry')
-  elseif meta[2] then
-    return ended(meta_key, meta[3]), 0
-  elseif now >= exp then
-    return (tonumber(meta[3]) == 0) and 3 or 4, 0
-  elseif not meta[4] then
+  elseif meta[2] or now >= exp then
+    return ended(meta_key, meta[2]), 0
+  elseif not meta[3] then
     return -1, 0
   end
-  local rules = redis.call('HMGET', meta_key, 'st', 'ph', 'an')
+  local rules = call('HMGET', meta_key, 'st', 'ph', 'an')
   local start = tonumber(rules[1])
   if start and now < start then
     return 9, start - now
@@ -159,7 +168,7 @@ local function push_back(shares_key, raw)
     reversed[#reversed + 1] = raw[i]
   end
   for first = 1, #reversed, CHUNK do  -- LPUSH of the last first: the order is kept
-    redis.call('LPUSH', shares_key, unpack(reversed, first, math.min(first + CHUNK - 1, #reversed)))
+    call('LPUSH', shares_key, unpack(reversed, first, min(first + CHUNK - 1, #reversed)))
   end
 end
 
@@ -175,7 +184,7 @@ end
 
 -- whether a grab's digests ("d1,d2") hold the packet's passphrase digest
 local function phrase_matches(digests, phrase)
-  return string.find(',' .. digests .. ',', ',' .. phrase .. ',', 1, true) ~= nil
+  return find(',' .. digests .. ',', ',' .. phrase .. ',', 1, true) ~= nil
 end
 
 -- Under the packet's rules, which of `fresh` (the users without a claim, each once, in
@@ -187,8 +196,8 @@ local function admit(keys, users, fresh, attempts, rules)
   if rules.audience then
     member = {}
     for first = 1, #fresh, CHUNK do
-      local last = math.min(first + CHUNK - 1, #fresh)
-      local found = redis.call('SMISMEMBER', keys.audience, unpack(fresh, first, last))
+      local last = min(first + CHUNK - 1, #fresh)
+      local found = call('SMISMEMBER', keys.audience, unpack(fresh, first, last))
       for i = first, last do
         member[fresh[i]] = found[i - first + 1] == 1
       end
@@ -197,12 +206,12 @@ local function admit(keys, users, fresh, attempts, rules)
   if rules.phrase then
     tries = {}
     for first = 1, #fresh, CHUNK do
-      local last = math.min(first + CHUNK - 1, #fresh)
-      local found = redis.call('HMGET', keys.tries, unpack(fresh, first, last))
+      local last = min(first + CHUNK - 1, #fresh)
+      local found = call('HMGET', keys.tries, unpack(fresh, first, last))
       for i = first, last do
         local wrong, until_ms = 0, 0
         if found[i - first + 1] then
-          wrong, until_ms = string.match(found[i - first + 1], '^(%d+):(%d+)$')
+          wrong, until_ms = match(found[i - first + 1], '^(%d+):(%d+)$')
           if not wrong then
             error('malformed tries of ' .. fresh[i])
           end
@@ -236,7 +245,7 @@ local function admit(keys, users, fresh, attempts, rules)
             status, wait = 8, LOCKOUT_MS
           end
           changed = changed or {}
-          changed[user] = string.format('%d:%d', try[1], try[2])
+          changed[user] = format('%d:%d', try[1], try[2])
         end
       end
       if status then
@@ -258,11 +267,11 @@ local function write_tries(keys, changed)
     fields[#fields + 1] = value
   end
   for first = 1, #fields, CHUNK do
-    redis.call('HSET', keys.tries, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
+    call('HSET', keys.tries, unpack(fields, first, min(first + CHUNK - 1, #fields)))
   end
-  local ttl = redis.call('PTTL', keys.meta)
+  local ttl = call('PTTL', keys.meta)
   if ttl > 0 then
-    redis.call('PEXPIRE', keys.tries, ttl)
+    call('PEXPIRE', keys.tries, ttl)
   end
 end
 
@@ -276,7 +285,7 @@ local function take(keys, users, attempts, claimed, wanting, state, wait, rules,
   end
   local raw = {}
   if state == -1 and #wanting > 0 then
-    raw = redis.call('LPOP', keys.shares, #wanting) or {}
+    raw = call('LPOP', keys.shares, #wanting) or {}
   end
   if state == -1 then
     state = 3  -- the users the shares did not reach find the packet exhausted
@@ -296,7 +305,7 @@ local function take(keys, users, attempts, claimed, wanting, state, wait, rules,
     claimed[user] = k
   end
   for first = 1, #fields, CHUNK do
-    redis.call('HSET', keys.claims, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
+    call('HSET', keys.claims, unpack(fields, first, min(first + CHUNK - 1, #fields)))
   end
   done.grants, done.taken = lines, taken
   if changed then
@@ -335,7 +344,7 @@ end
 -- line and amount, or nothing when no share went; a packet with rules has `take` add
 -- its grant to `done` (a new one when nil).
 local function grab_one(base, user, attempts, actors, done)
-  local prior = redis.call('HGET', KEYS[base + 4], user)
+  local prior = call('HGET', KEYS[base + 4], user)
   if prior then
     return put_prior(prior, user)
   end
@@ -350,7 +359,7 @@ local function grab_one(base, user, attempts, actors, done)
     take(keys, {user}, attempts, {}, {user}, state, wait, rules, done, actors)
     return done.grants[1], done.taken
   end
-  local raw = state == -1 and redis.call('LPOP', KEYS[base + 3])
+  local raw = state == -1 and call('LPOP', KEYS[base + 3])
   if state ~= -1 then
     return put(state, 0, 0, wait)
   elseif not raw then
@@ -361,7 +370,7 @@ local function grab_one(base, user, attempts, actors, done)
     push_back(KEYS[base + 3], {raw})
     error('malformed share')
   end
-  redis.call('HSET', KEYS[base + 4], user, claim)
+  call('HSET', KEYS[base + 4], user, claim)
   put(1, seq, amount, now)
   return grant_line(user, claim, actors), amount
 end
@@ -410,14 +419,14 @@ end
 local function parse_grabbers(grabbers, marked)
   local users, actors, attempts = {}, nil, nil
   if not marked then
-    for user in string.gmatch(grabbers, '%S+') do
+    for user in gmatch(grabbers, '%S+') do
       users[#users + 1] = user
     end
     return users, nil, nil
   end
   -- a user named twice keeps the actor of its first grab
-  for token in string.gmatch(grabbers, '%S+') do
-    local user, actor, attempt = string.match(token, '^([^=/]+)=?([^/]*)/?(.*)$')
+  for token in gmatch(grabbers, '%S+') do
+    local user, actor, attempt = match(token, '^([^=/]+)=?([^/]*)/?(.*)$')
     users[#users + 1] = user
     if actor ~= '' then
       actors = actors or {}
@@ -461,7 +470,7 @@ local function append_grouped(granted)
     end
   end
   for i, stream in ipairs(streams) do
-    redis.call('XADD', stream, '*', unpack(fields[i]))
+    call('XADD', stream, '*', unpack(fields[i]))
   end
 end
 
@@ -471,9 +480,8 @@ for j = 0, PACKETS - 1 do
   local base = 4 * j
   local first = n
   local count, ok, lines, taken = 1, nil, nil, nil
-  local marked = string.find(grabbers, '[=/]')
-  if marked or string.find(grabbers, ' ', 1, true) then
-    local users, actors, attempts = parse_grabbers(grabbers, marked)
+  if find(grabbers, '[ =/]') then
+    local users, actors, attempts = parse_grabbers(grabbers, find(grabbers, '[=/]'))
     local done = {grants = {}, taken = 0}
     count = #users
     ok = pcall(grab_packet, base, users, attempts, actors, done)
@@ -490,9 +498,9 @@ for j = 0, PACKETS - 1 do
     if granted then
       granted[#granted + 1], granted[#granted + 2] = j, lines
     else
-      redis.call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[2 + 2 * j], 'c', lines)
+      call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[2 + 2 * j], 'c', lines)
     end
-    redis.pcall('HINCRBY', KEYS[base + 2], 'left', -taken)
+    pcall_redis('HINCRBY', KEYS[base + 2], 'left', -taken)
   end
 end
 if granted and #granted > 0 then
