@@ -56,12 +56,13 @@
 -- with grants, {k=g, p=packet, c=lines}; in a call of 32 or more, one entry per stream,
 -- {k=m, packet=lines, packet=lines, ...} (at most 499 packets an entry).
 
--- The library functions and tables the grabs use, held in locals: each use of a global
--- is a lookup in the globals table, a local's is not.
+-- What a plain grab uses on its way, held in locals: each use of a global is a lookup
+-- in the globals table, a local's is not. Each local a function uses is an upvalue its
+-- closure captures anew on every call of the script, so the functions a plain grab does
+-- not run keep to the globals.
 local call, pcall_redis = redis.call, redis.pcall
-local format, find, match, gmatch = string.format, string.find, string.match, string.gmatch
-local floor, min, tonumber, unpack = math.floor, math.min, tonumber, unpack
-local ipairs, pairs, pcall, error, type = ipairs, pairs, pcall, error, type
+local format, find, match = string.format, string.find, string.match
+local floor, tonumber = math.floor, tonumber
 local KEYS, ARGV = KEYS, ARGV
 
 local t = call('TIME')
@@ -80,7 +81,7 @@ local rules_keys = nil
 if ARGV[1] ~= '' then
   rules_keys = {}
   local at = 4 * PACKETS + 1
-  for j in gmatch(ARGV[1], '%d+') do
+  for j in string.gmatch(ARGV[1], '%d+') do
     rules_keys[tonumber(j)], at = at, at + 2
   end
 end
@@ -116,11 +117,11 @@ end
 local function read_claims(claims_key, users)
   local claimed = {}
   for first = 1, #users, CHUNK do
-    local last = min(first + CHUNK - 1, #users)
-    local priors = call('HMGET', claims_key, unpack(users, first, last))
+    local last = math.min(first + CHUNK - 1, #users)
+    local priors = redis.call('HMGET', claims_key, unpack(users, first, last))
     for i = first, last do
       local prior = priors[i - first + 1]
-      if prior and not match(prior, '^%d+:%d+:%d+$') then
+      if prior and not string.match(prior, '^%d+:%d+:%d+$') then
         error('malformed claim of ' .. users[i])
       end
       claimed[users[i]] = prior
@@ -132,7 +133,7 @@ end
 -- the status of a packet that takes no more grabs: 10 cancelled, 3 exhausted (nothing
 -- left), 4 expired (or closed at its expiry)
 local function ended(meta_key, closed)
-  local meta = call('HMGET', meta_key, 'cx', 'left')
+  local meta = redis.call('HMGET', meta_key, 'cx', 'left')
   if closed and meta[1] then
     return 10
   end
@@ -168,7 +169,7 @@ local function push_back(shares_key, raw)
     reversed[#reversed + 1] = raw[i]
   end
   for first = 1, #reversed, CHUNK do  -- LPUSH of the last first: the order is kept
-    call('LPUSH', shares_key, unpack(reversed, first, min(first + CHUNK - 1, #reversed)))
+    redis.call('LPUSH', shares_key, unpack(reversed, first, math.min(first + CHUNK - 1, #reversed)))
   end
 end
 
@@ -184,7 +185,7 @@ end
 
 -- whether a grab's digests ("d1,d2") hold the packet's passphrase digest
 local function phrase_matches(digests, phrase)
-  return find(',' .. digests .. ',', ',' .. phrase .. ',', 1, true) ~= nil
+  return string.find(',' .. digests .. ',', ',' .. phrase .. ',', 1, true) ~= nil
 end
 
 -- Under the packet's rules, which of `fresh` (the users without a claim, each once, in
@@ -196,8 +197,8 @@ local function admit(keys, users, fresh, attempts, rules)
   if rules.audience then
     member = {}
     for first = 1, #fresh, CHUNK do
-      local last = min(first + CHUNK - 1, #fresh)
-      local found = call('SMISMEMBER', keys.audience, unpack(fresh, first, last))
+      local last = math.min(first + CHUNK - 1, #fresh)
+      local found = redis.call('SMISMEMBER', keys.audience, unpack(fresh, first, last))
       for i = first, last do
         member[fresh[i]] = found[i - first + 1] == 1
       end
@@ -206,12 +207,12 @@ local function admit(keys, users, fresh, attempts, rules)
   if rules.phrase then
     tries = {}
     for first = 1, #fresh, CHUNK do
-      local last = min(first + CHUNK - 1, #fresh)
-      local found = call('HMGET', keys.tries, unpack(fresh, first, last))
+      local last = math.min(first + CHUNK - 1, #fresh)
+      local found = redis.call('HMGET', keys.tries, unpack(fresh, first, last))
       for i = first, last do
         local wrong, until_ms = 0, 0
         if found[i - first + 1] then
-          wrong, until_ms = match(found[i - first + 1], '^(%d+):(%d+)$')
+          wrong, until_ms = string.match(found[i - first + 1], '^(%d+):(%d+)$')
           if not wrong then
             error('malformed tries of ' .. fresh[i])
           end
@@ -245,7 +246,7 @@ local function admit(keys, users, fresh, attempts, rules)
             status, wait = 8, LOCKOUT_MS
           end
           changed = changed or {}
-          changed[user] = format('%d:%d', try[1], try[2])
+          changed[user] = string.format('%d:%d', try[1], try[2])
         end
       end
       if status then
@@ -267,11 +268,11 @@ local function write_tries(keys, changed)
     fields[#fields + 1] = value
   end
   for first = 1, #fields, CHUNK do
-    call('HSET', keys.tries, unpack(fields, first, min(first + CHUNK - 1, #fields)))
+    redis.call('HSET', keys.tries, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
   end
-  local ttl = call('PTTL', keys.meta)
+  local ttl = redis.call('PTTL', keys.meta)
   if ttl > 0 then
-    call('PEXPIRE', keys.tries, ttl)
+    redis.call('PEXPIRE', keys.tries, ttl)
   end
 end
 
@@ -285,7 +286,7 @@ local function take(keys, users, attempts, claimed, wanting, state, wait, rules,
   end
   local raw = {}
   if state == -1 and #wanting > 0 then
-    raw = call('LPOP', keys.shares, #wanting) or {}
+    raw = redis.call('LPOP', keys.shares, #wanting) or {}
   end
   if state == -1 then
     state = 3  -- the users the shares did not reach find the packet exhausted
@@ -305,7 +306,7 @@ local function take(keys, users, attempts, claimed, wanting, state, wait, rules,
     claimed[user] = k
   end
   for first = 1, #fields, CHUNK do
-    call('HSET', keys.claims, unpack(fields, first, min(first + CHUNK - 1, #fields)))
+    redis.call('HSET', keys.claims, unpack(fields, first, math.min(first + CHUNK - 1, #fields)))
   end
   done.grants, done.taken = lines, taken
   if changed then
@@ -419,14 +420,14 @@ end
 local function parse_grabbers(grabbers, marked)
   local users, actors, attempts = {}, nil, nil
   if not marked then
-    for user in gmatch(grabbers, '%S+') do
+    for user in string.gmatch(grabbers, '%S+') do
       users[#users + 1] = user
     end
     return users, nil, nil
   end
   -- a user named twice keeps the actor of its first grab
-  for token in gmatch(grabbers, '%S+') do
-    local user, actor, attempt = match(token, '^([^=/]+)=?([^/]*)/?(.*)$')
+  for token in string.gmatch(grabbers, '%S+') do
+    local user, actor, attempt = string.match(token, '^([^=/]+)=?([^/]*)/?(.*)$')
     users[#users + 1] = user
     if actor ~= '' then
       actors = actors or {}
@@ -470,7 +471,7 @@ local function append_grouped(granted)
     end
   end
   for i, stream in ipairs(streams) do
-    call('XADD', stream, '*', unpack(fields[i]))
+    redis.call('XADD', stream, '*', unpack(fields[i]))
   end
 end
 
