@@ -333,6 +333,8 @@ class RedisStore:
                 again.append((g, at))
                 self._remember_ruled(packet.packet_id)
             at += len(users)
+        if not again:  # every answer stands as it is
+            return
         redone = iter(await self.grab_batch([groups[g] for g, _ in again]))
         for g, start in again:
             for i in range(len(groups[g][1])):
