@@ -250,7 +250,7 @@ class RedisStore:
         loaded = await self._run(
             self.lua_load, [keys.meta, keys.shares, keys.claims, keys.audience], args
         )
-        if rules.audience or rules.passphrase_hash or rules.starts_at is not None:
+        if rules.any:
             self._remember_ruled(keys.packet_id)
         return bool(loaded)
 
