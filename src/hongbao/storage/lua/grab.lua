@@ -59,7 +59,7 @@
 -- What a plain grab uses on its way, held in locals: each use of a global is a lookup
 -- in the globals table, a local's is not. Each local a function uses is an upvalue its
 -- closure captures anew on every call of the script, so the functions a plain grab does
--- not run keep to the globals.
+-- not run reach the library through the globals.
 local call, pcall_redis = redis.call, redis.pcall
 local format, find, match = string.format, string.find, string.match
 local floor, tonumber = math.floor, tonumber
