@@ -80,6 +80,9 @@ _GRANTED = GrabStatus.GRANTED
 _RECORD_CACHE = 10_000
 #: valid packet ids seen lately and their Redis keys (the cache is cleared when full)
 _KEYS_CACHE = 16_384
+#: a packet's keys live at least this long from their load, also when it is rebuilt after
+#: its expiry plus retention: time for the sweeper to close it, and so refund its remainder
+_MIN_KEY_LIFETIME_MS = 600_000
 
 
 class Hongbao:
@@ -487,7 +490,11 @@ class Hongbao:
         claims: list[tuple[str, ClaimValue]],
         rules: PacketRules = NO_RULES,
     ) -> bool:
-        keep_until = ms(record.expires_at) + self.settings.retention_seconds * 1000
+        retention = self.settings.retention_seconds * 1000
+        keep_until = max(
+            ms(record.expires_at) + retention,
+            ms(datetime.now(UTC)) + max(retention, _MIN_KEY_LIFETIME_MS),
+        )
         return await self.store.load_packet(
             self.keys_of(record.id),
             expires_at_ms=ms(record.expires_at),

@@ -215,7 +215,7 @@ async def test_cancel_leaves_expired_and_exhausted_packets_alone(store: RedisSto
     )
     assert (await store.cancel_packet(keys, "s", 1000))[0] == 4
     assert (await store.close_packet(keys, "s", 1000))[0] == 1
-    assert await store.cancel_packet(keys, "s", 1000) == (3, 0, 0)
+    assert await store.cancel_packet(keys, "s", 1000) == (3, 5, 1)  # as it closed
     empty = await load(store, [5], PacketRules())
     await store.grab(empty, "ann")
     assert (await store.cancel_packet(empty, "s", 1000))[0] == 5

@@ -475,6 +475,17 @@ local function append_grouped(granted)
   end
 end
 
+-- The claims hash is created by a packet's first grant, after load.lua set the other
+-- keys' lifetime, and close.lua and cancel.lua set its own: a packet whose last share
+-- went is never closed, so its claims hash takes the meta's lifetime then, or it would
+-- outlive the packet.
+local function keep_claims_as_meta(meta_key, claims_key)
+  local ttl = redis.call('PTTL', meta_key)
+  if ttl > 0 then
+    redis.call('PEXPIRE', claims_key, ttl)
+  end
+end
+
 local granted = PACKETS >= GROUP_AT and {} or nil
 for j = 0, PACKETS - 1 do
   local grabbers = ARGV[3 + 2 * j]
@@ -501,7 +512,9 @@ for j = 0, PACKETS - 1 do
     else
       call('XADD', KEYS[base + 1], '*', 'k', 'g', 'p', ARGV[2 + 2 * j], 'c', lines)
     end
-    pcall_redis('HINCRBY', KEYS[base + 2], 'left', -taken)
+    if pcall_redis('HINCRBY', KEYS[base + 2], 'left', -taken) == 0 then
+      keep_claims_as_meta(KEYS[base + 2], KEYS[base + 4])
+    end
   end
 end
 if granted and #granted > 0 then
