@@ -82,8 +82,11 @@ class Durability:
     async def check(self) -> None:
         """Refuse (ConfigurationError) a server that cannot give this guarantee."""
 
-    async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
-        """Return once `claim` is as durable as the mode promises; StorageError if not."""
+    async def confirm(
+        self, keys: PacketKeys, user_id: str, claim: ClaimValue, actor: str | None = None
+    ) -> None:
+        """Return once `claim` is as durable as the mode promises; StorageError if not.
+        `actor` is the service that grabbed for the user, if one did."""
 
     async def aclose(self) -> None:
         """Finish what is in flight."""
@@ -130,7 +133,9 @@ class RedisWaitDurability(Durability):
                 ) from None
             raise ConfigurationError(f"--ack {self.mode}: {text}") from None
 
-    async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
+    async def confirm(
+        self, keys: PacketKeys, user_id: str, claim: ClaimValue, actor: str | None = None
+    ) -> None:
         # one server: one waiter covers every bucket's writes; on a cluster each
         # bucket's primary is asked about its own writes
         bucket = keys.bucket if self.store.cluster else 0
@@ -193,10 +198,18 @@ class LedgerDurability(Durability):
         self.calls = 0
         self.confirmed = 0
 
-    async def confirm(self, keys: PacketKeys, user_id: str, claim: ClaimValue) -> None:
-
+    async def confirm(
+        self, keys: PacketKeys, user_id: str, claim: ClaimValue, actor: str | None = None
+    ) -> None:
+        # the persister's copy of this claim is a replay once this one is in the ledger:
+        # this one carries the actor
         event = ClaimEvent(
-            keys.packet_id, claim.share_index, user_id, claim.amount, from_ms(claim.claimed_at_ms)
+            keys.packet_id,
+            claim.share_index,
+            user_id,
+            claim.amount,
+            from_ms(claim.claimed_at_ms),
+            actor,
         )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((event, done))

@@ -287,9 +287,10 @@ class Hongbao:
                 return await self._grab_from_ledger(record, packet_id, user_id)
         if not seq:  # the user holds no share (for some refusals `at` is the wait, ms)
             raise _refusal(packet_id, status, at)
-        if self.durability.waits:
-            await self.durability.confirm(keys, user_id, ClaimValue(seq, amount, at))
         first = status is _GRANTED
+        if self.durability.waits:
+            claim = ClaimValue(seq, amount, at)
+            await self.durability.confirm(keys, user_id, claim, actor if first else None)
         return GrabResult(packet_id, user_id, amount, seq, first, at)
 
     def keys_of(self, packet_id: str) -> PacketKeys:
