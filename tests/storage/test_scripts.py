@@ -303,6 +303,21 @@ async def test_ack_and_dead_letter(store: RedisStore) -> None:
     assert await store.backlog() == 0
 
 
+async def test_ack_of_more_entries_than_lua_can_unpack(store: RedisStore) -> None:
+    """A persister's read of one stream can bring more entries than unpack() takes."""
+    stream = store.keys(new_packet_id()).events
+    pipe = store.client.pipeline(transaction=False)
+    for i in range(9_000):
+        pipe.xadd(stream, {"k": "x", "i": str(i)})
+    await pipe.execute()
+    events = await store.read_events("c1", 20_000, 0)
+    ids = [e.id for e in events if e.stream == stream]
+    assert len(ids) == 9_000
+    assert await store.ack(stream, ids) == 9_000
+    assert await store.client.xlen(stream) == 0
+    assert await store.backlog() == 0
+
+
 @pytest.mark.parametrize(
     ("version", "old"),
     [("5.0.14", True), ("6.0.9", True), ("6.2.0", False), ("7.0.15", False), ("", False)],
