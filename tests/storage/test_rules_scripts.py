@@ -13,6 +13,7 @@ from redis.crc import key_slot
 from hongbao.domain.ids import new_packet_id
 from hongbao.domain.models import GrabStatus as S
 from hongbao.domain.rules import LOCKOUT_SECONDS, WRONG_TRIES, PacketRules
+from hongbao.errors import StorageError
 from hongbao.keys import PacketKeys
 from hongbao.storage import RedisStore, store_from_url
 from hongbao.storage.codec import Refund, decode_entries, grabber
@@ -186,6 +187,37 @@ async def test_a_host_that_did_not_load_a_packet_learns_its_rules(
         await other.aclose()
     live = await store.status(audience)
     assert live is not None and (live.shares_left, live.amount_left) == (1, 40)
+
+
+async def test_a_failed_resend_fails_only_the_grabs_sent_again(
+    store: RedisStore, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grabs the first call answered keep their answers when the call that sends
+    the packets with rules again fails."""
+    plain = await load(store, [1, 2, 3], PacketRules())
+    audience = await load(store, [10, 20], PacketRules(("ann", "bob"), 2))
+    other = store_from_url(redis_url, buckets=4)
+    run = other._run
+    calls = 0
+
+    async def second_call_fails(script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        nonlocal calls
+        if script is other.lua_grab:
+            calls += 1
+            if calls == 2:
+                raise StorageError("redis: connection lost")
+        return await run(script, keys, args)
+
+    monkeypatch.setattr(other, "_run", second_call_fails)
+    try:
+        got = await other.grab_batch([(plain, ["ann"]), (audience, ["ann", "bob"])])
+    finally:
+        await other.aclose()
+    assert calls == 2
+    assert isinstance(got[0], tuple) and got[0][:3] == (S.GRANTED, 1, 1)
+    assert all(isinstance(a, StorageError) for a in got[1:])
+    live = await store.status(audience)
+    assert live is not None and live.shares_left == 2  # nothing of it changed
 
 
 async def test_cancel_closes_once_and_grabs_after_it_are_refused(store: RedisStore) -> None:

@@ -335,7 +335,12 @@ class RedisStore:
             at += len(users)
         if not again:  # every answer stands as it is
             return
-        redone = iter(await self.grab_batch([groups[g] for g, _ in again]))
+        try:
+            redone = iter(await self.grab_batch([groups[g] for g, _ in again]))
+        except StorageError as exc:  # only the grabs sent again fail: the others were answered
+            for g, start in again:
+                answers[start : start + len(groups[g][1])] = [exc] * len(groups[g][1])
+            return
         for g, start in again:
             for i in range(len(groups[g][1])):
                 answers[start + i] = next(redone)
