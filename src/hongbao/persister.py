@@ -167,6 +167,8 @@ class PersisterStats:
     dead_lettered: int = 0
     reclaimed: int = 0
     db_failures: int = 0
+    #: steps that failed with an unexpected (not a storage) error
+    failures: int = 0
 
 
 class Persister:
@@ -195,23 +197,35 @@ class Persister:
         self._read_ahead: asyncio.Task[list[Event]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Work until `stop` is set; finishes the batch in hand before returning."""
-        await self.store.ensure_groups()
+        """Work until `stop` is set; finishes the batch in hand before returning.
+
+        A step that fails is tried again after a backoff, whatever the error: a
+        StorageError (Redis or the database away) is logged as a warning, anything else
+        with its traceback. The entries of a failed batch stay pending: `reclaim` brings
+        them back, and parks one delivered `persister_max_deliveries` times, so no entry
+        stops the persister for good."""
         backoff = 0.05
-        taken_over = False
+        ready = taken_over = False
         try:
             while not stop.is_set():
                 try:
+                    if not ready:
+                        await self.store.ensure_groups()
+                        ready = True
                     if not taken_over:
                         await self.take_over()
                         taken_over = True
                     await self.step()
                     backoff = 0.05
                     self.healthy = True
-                except StorageError as exc:
+                except Exception as exc:
                     self.healthy = False
-                    self.stats.db_failures += 1
-                    log.warning("persister: %s; retrying in %.2fs", exc, backoff)
+                    if isinstance(exc, StorageError):
+                        self.stats.db_failures += 1
+                        log.warning("persister: %s; retrying in %.2fs", exc, backoff)
+                    else:
+                        self.stats.failures += 1
+                        log.exception("persister: step failed; retrying in %.2fs", backoff)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), backoff)
                     backoff = min(backoff * 2, 5.0)

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from hongbao.history import BestLuckIndexer
@@ -23,6 +23,8 @@ log = logging.getLogger("hongbao.runtime")
 
 #: how long shutdown waits for the persister to finish the batch in hand
 STOP_TIMEOUT = 15.0
+#: how long a worker whose loop raised waits before it is started again, seconds
+RESTART_DELAY = 5.0
 
 
 @dataclass
@@ -39,7 +41,9 @@ class Runtime:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def workers_alive(self) -> bool:
-        """False if a worker task ended before shutdown was asked for."""
+        """False if a worker task ended before shutdown was asked for (its loop returned,
+        or the task was cancelled or killed by a BaseException; an Exception restarts
+        the loop, see `keep_running`)."""
         return all(not t.done() for t in self.tasks) or self.stop.is_set()
 
 
@@ -62,11 +66,15 @@ async def running_service(
             runtime.sweeper = Sweeper(service)
             runtime.indexer = BestLuckIndexer(service.ledger)
             runtime.dispatcher = Dispatcher(service.ledger, settings)
+            loops = {
+                "hongbao-persister": runtime.persister.run,
+                "hongbao-sweeper": runtime.sweeper.run,
+                "hongbao-best-luck": runtime.indexer.run,
+                "hongbao-webhooks": runtime.dispatcher.run,
+            }
             runtime.tasks = [
-                asyncio.create_task(runtime.persister.run(runtime.stop), name="hongbao-persister"),
-                asyncio.create_task(runtime.sweeper.run(runtime.stop), name="hongbao-sweeper"),
-                asyncio.create_task(runtime.indexer.run(runtime.stop), name="hongbao-best-luck"),
-                asyncio.create_task(runtime.dispatcher.run(runtime.stop), name="hongbao-webhooks"),
+                asyncio.create_task(keep_running(name, run, runtime.stop), name=name)
+                for name, run in loops.items()
             ]
             for task in runtime.tasks:
                 task.add_done_callback(_report_crash)
@@ -100,6 +108,28 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+async def keep_running(
+    name: str, run: Callable[[asyncio.Event], Awaitable[None]], stop: asyncio.Event
+) -> None:
+    """Run a worker's loop until `stop` is set, starting it again `RESTART_DELAY` seconds
+    after it raises: the persister and the sweeper move money, and a loop that died on
+    one unexpected error would leave grabs unsettled and packets unrefunded while the
+    process kept serving. Each failure is logged with its traceback. A loop that
+    returns without `stop`, and a cancelled task, end here (`Runtime.workers_alive`)."""
+    while True:
+        try:
+            await run(stop)
+            return
+        except Exception:
+            if stop.is_set():
+                raise
+            log.exception("%s failed; starting it again in %ss", name, RESTART_DELAY)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), RESTART_DELAY)
+        if stop.is_set():
+            return
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from hongbao.domain.history import (
@@ -76,7 +77,7 @@ async def snapshot(engine: AsyncEngine) -> AsyncIterator[tuple[AsyncConnection, 
                 await conn.execution_options(isolation_level="REPEATABLE READ")
             async with conn.begin():
                 yield conn, await _ledger_now(conn, reads=True)
-    except (DBAPIError, OSError) as exc:
+    except (DBAPIError, OSError, PoolTimeout) as exc:  # PoolTimeout: no connection came free
         raise StorageError(f"database: {exc}") from exc
 
 

@@ -100,6 +100,20 @@ def database_url(url: str) -> str:
 _UNREACHABLE = (OSError, PoolTimeout)
 
 
+def _read_failure(exc: BaseException | None) -> StorageError | None:
+    """The StorageError a database failure on a read becomes (None: `exc` is not one).
+
+    IntegrityError stays itself, as `SqlLedger._transaction` leaves it; errors that are
+    not the database's (TypeError, InvalidRequest...) stay themselves too."""
+    if isinstance(exc, IntegrityError):
+        return None
+    if isinstance(exc, DBAPIError):
+        return StorageError(f"database: {exc.orig}")
+    if isinstance(exc, _UNREACHABLE):
+        return StorageError(f"database unreachable: {exc}")
+    return None
+
+
 def _retryable(exc: DBAPIError) -> bool:
     """Conflicts between concurrent transactions: worth running the transaction again."""
     if isinstance(exc, IntegrityError):
@@ -162,7 +176,7 @@ class SqlLedger:
             async with self.engine.connect() as conn:
                 await conn.execute(sa.text("SELECT 1"))
             return True
-        except (DBAPIError, OSError):
+        except (DBAPIError, *_UNREACHABLE):
             return False
 
     # -- wallets ---------------------------------------------------------------
@@ -370,11 +384,8 @@ class SqlLedger:
 
     async def read(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run `work` on a connection that only reads (it takes no write lock on SQLite)."""
-        try:
-            async with self._connect() as conn:
-                return await work(conn)
-        except (DBAPIError, *_UNREACHABLE) as exc:
-            raise StorageError(f"database: {exc}") from exc
+        async with self._connect() as conn:
+            return await work(conn)
 
     def _connect(self) -> Any:
         return _Guard(self.engine)
@@ -415,7 +426,10 @@ class SqlLedger:
 
 
 class _Guard:
-    """`async with` a connection, turning driver failures into StorageError."""
+    """`async with` a connection for reads, turning database failures into StorageError:
+    connecting, closing, and the statements run inside (a server that restarts or drops
+    the connection mid-query), so that callers see an outage (HTTP 503, a sweep to try
+    again) rather than a driver's exception. See `_read_failure`."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._cm = engine.connect()
@@ -426,11 +440,16 @@ class _Guard:
         except (DBAPIError, *_UNREACHABLE) as exc:
             raise StorageError(f"database unreachable: {exc}") from exc
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
         try:
-            await self._cm.__aexit__(*exc)
+            await self._cm.__aexit__(kind, exc, tb)
         except (DBAPIError, *_UNREACHABLE) as err:
             raise StorageError(f"database: {err}") from err
+        failure = _read_failure(exc)
+        if failure is not None:
+            raise failure from exc
 
 
 async def _sent_before(
