@@ -13,7 +13,11 @@ from hongbao.ledger.withdrawals import audit_withdrawals
 
 
 async def audit_ledger(conn: AsyncConnection) -> list[str]:
-    """Every returned line names a violated invariant and the packet or wallet."""
+    """Every returned line names a violated invariant and the packet or wallet.
+
+    `conn` must read one snapshot (`hongbao.ledger.history.snapshot`): the checks are
+    several statements, and at READ COMMITTED a commit between two of them (a claim
+    applied, a withdrawal requested) would make their totals disagree."""
     problems, held = await _packets(conn)
     problems.extend(await _claimed_twice(conn))
     problems.extend(await _claims_off_their_share(conn))

@@ -36,6 +36,7 @@ from hongbao.errors import (
 from hongbao.ledger.apply import ApplyBatch
 from hongbao.ledger.audit import audit_ledger
 from hongbao.ledger.bulk import bulk_for
+from hongbao.ledger.history import snapshot
 from hongbao.ledger.outbox import packet_created, record_events, wallet_deposited
 from hongbao.ledger.records import (
     PACKET_COLUMNS,
@@ -374,8 +375,12 @@ class SqlLedger:
     # -- audit ---------------------------------------------------------------------
 
     async def audit(self) -> list[str]:
-        """Invariants of the ledger; every returned line names a violation."""
-        async with self._connect() as conn:
+        """Invariants of the ledger; every returned line names a violation.
+
+        All of it is read on one snapshot (REPEATABLE READ on PostgreSQL and MariaDB,
+        one read transaction on SQLite): its statements see the same commits, so a
+        persister, a send or a withdrawal committing meanwhile shows no false violation."""
+        async with snapshot(self.engine) as (conn, _):
             return await audit_ledger(conn)
 
     async def transaction(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:

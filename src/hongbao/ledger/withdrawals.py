@@ -280,7 +280,8 @@ async def audit_withdrawals(conn: AsyncConnection) -> tuple[list[str], int, int]
     """Every withdrawal has its debit entry, a failed one its reversal and no other one
     has any, and no withdrawal or reversal entry is without its withdrawal. Returns the
     problems, the fen of the withdrawals in flight (requested) and the fen withdrawn
-    (completed). A ledger before revision 0007 has no withdrawals."""
+    (completed). A ledger before revision 0007 has no withdrawals. Its statements agree
+    only when `conn` reads one snapshot (see `audit_ledger`)."""
     if not await conn.run_sync(lambda sync: sa.inspect(sync).has_table(withdrawals.name)):
         return [], 0, 0
     debit = entries.alias("debit")
