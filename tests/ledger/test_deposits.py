@@ -1,4 +1,5 @@
-"""Deposits are idempotent per (user, key), whatever characters the two hold."""
+"""Deposits are idempotent per (user, key), whatever characters the two hold, and no
+deposit takes a balance past what the ledger's BIGINT holds."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import asyncio
 import pytest
 import sqlalchemy as sa
 
+from hongbao.domain.money import MAX_FEN
 from hongbao.errors import IdempotencyConflict, InvalidRequest
 from hongbao.ledger import SqlLedger
-from hongbao.ledger.schema import entries
+from hongbao.ledger.schema import entries, wallets
 from hongbao.ledger.sql import deposit_reference
 
 
@@ -72,4 +74,48 @@ async def test_concurrent_deposits_with_one_key_and_two_amounts(ledger: SqlLedge
             assert outcome == balance
         else:
             assert isinstance(outcome, IdempotencyConflict)
+    assert await ledger.audit() == []
+
+
+async def wallet_rows(ledger: SqlLedger) -> list[tuple[str, int, str]]:
+    """(user, balance, type of the stored balance) of every wallet, in user order: on
+    SQLite a balance past int64 would be stored as a REAL."""
+    type_of = (
+        sa.func.typeof(wallets.c.balance)
+        if ledger.dialect == "sqlite"
+        else sa.literal("integer", sa.String)
+    )
+    async with ledger.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.select(wallets.c.user_id, wallets.c.balance, type_of).order_by(wallets.c.user_id)
+        )
+        return [(u, int(b), str(t)) for u, b, t in rows]
+
+
+async def test_a_deposit_past_the_largest_balance_is_refused(ledger: SqlLedger) -> None:
+    assert await ledger.deposit("alice", MAX_FEN - 5, "a") == MAX_FEN - 5
+    for amount in (6, 2**62, MAX_FEN):  # each would take the balance past MAX_FEN
+        with pytest.raises(InvalidRequest) as raised:
+            await ledger.deposit("alice", amount, f"k{amount}")
+        assert raised.value.field == "amount"
+    assert await ledger.deposit("alice", 5, "b") == MAX_FEN  # up to it is fine
+    assert await ledger.deposit("alice", MAX_FEN - 5, "a") == MAX_FEN  # a replay credits nothing
+    with pytest.raises(InvalidRequest):
+        await ledger.deposit("alice", 1, "c")
+    assert await wallet_rows(ledger) == [("alice", MAX_FEN, "integer")]
+    assert [row[1:] for row in await deposit_rows(ledger)] == [
+        ("alice", "a", MAX_FEN - 5),
+        ("alice", "b", 5),
+    ]
+    assert await ledger.audit() == []
+
+
+@pytest.mark.parametrize("amount", [MAX_FEN + 1, 2**64, 10**30, 0, -1])
+async def test_an_amount_no_balance_can_hold_is_refused(ledger: SqlLedger, amount: int) -> None:
+    with pytest.raises(InvalidRequest):
+        await ledger.deposit("bob", amount, "k")
+    assert await wallet_rows(ledger) == []  # not even an empty wallet is left behind
+    assert await deposit_rows(ledger) == []
+    assert await ledger.deposit("bob", MAX_FEN, "k") == MAX_FEN  # the key is still free
+    assert await wallet_rows(ledger) == [("bob", MAX_FEN, "integer")]
     assert await ledger.audit() == []

@@ -7,6 +7,8 @@ import re
 from hongbao.errors import InvalidRequest
 
 FEN_PER_YUAN = 100
+#: the most fen an amount or a balance may be: the ledger's BIGINT columns hold no more
+MAX_FEN = 2**63 - 1
 _YUAN = re.compile(r"^(0|[1-9][0-9]{0,12})(?:\.([0-9]{1,2}))?$")
 
 
@@ -27,9 +29,11 @@ def fen_to_yuan(fen: int) -> str:
 
 
 def require_amount(value: object, field: str = "amount") -> int:
-    """An amount must be a positive int (bool and float are refused)."""
+    """An amount must be a positive int of at most MAX_FEN (bool and float are refused)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"{field} must be an integer number of fen", field)
     if value <= 0:
         raise InvalidRequest(f"{field} must be positive", field)
+    if value > MAX_FEN:
+        raise InvalidRequest(f"{field} must be at most {MAX_FEN} fen", field)
     return value

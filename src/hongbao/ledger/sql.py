@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from hongbao.domain.money import MAX_FEN, require_amount
 from hongbao.domain.rules import PacketRules, SendLimits
 from hongbao.errors import (
     ConfigurationError,
@@ -188,8 +189,11 @@ class SqlLedger:
         """Credit a wallet once per (user, reference); returns the balance after.
 
         The same reference with another amount is an IdempotencyConflict. `actor`, who
-        made the deposit for the user (an admin), is recorded on the entry.
+        made the deposit for the user (an admin), is recorded on the entry. An amount that
+        is not a positive int, or that would take the balance past MAX_FEN (the
+        database's BIGINT), is an InvalidRequest and changes nothing.
         """
+        require_amount(amount)
         if not 1 <= len(reference) <= IDEMPOTENCY_KEY_LENGTH:
             raise InvalidRequest(
                 f"a deposit reference has 1 to {IDEMPOTENCY_KEY_LENGTH} characters", "reference"
@@ -206,7 +210,7 @@ class SqlLedger:
                     "this deposit reference was used before with a different amount"
                 )
             if seen is None:
-                await bulk_for(conn).credit([user_id], [amount], utcnow())
+                await _credit_below_limit(conn, user_id, amount)
                 ref = deposit_reference(user_id, reference)
                 row = entry_row(ref, user_id, "deposit", amount, actor=actor)
                 row["deposit_key"] = reference
@@ -478,6 +482,27 @@ async def _sent_before(
     if found.request_hash != record.request_hash:
         raise IdempotencyConflict("this Idempotency-Key was used before with a different request")
     return found
+
+
+async def _credit_below_limit(conn: AsyncConnection, user_id: str, amount: int) -> None:
+    """Add `amount` to the user's wallet, made if missing, unless the balance would pass
+    MAX_FEN: then InvalidRequest, and the transaction's rollback undoes the wallet made.
+
+    The wallet row is made (or locked, with 0 added) first, so the conditional UPDATE
+    checks the balance every other writer has committed: a balance past BIGINT would be
+    an error on PostgreSQL and MariaDB, and silently a REAL on SQLite."""
+    now = utcnow()
+    await bulk_for(conn).credit([user_id], [0], now)
+    credited = await conn.execute(
+        wallets.update()
+        .where(wallets.c.user_id == user_id, wallets.c.balance <= MAX_FEN - amount)
+        .values(balance=wallets.c.balance + amount, updated_at=now)
+    )
+    if credited.rowcount != 1:
+        raise InvalidRequest(
+            f"a deposit of {amount} fen would take the wallet of {user_id} past {MAX_FEN} fen",
+            "amount",
+        )
 
 
 def deposit_reference(user_id: str, key: str) -> str:
