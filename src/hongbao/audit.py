@@ -23,6 +23,10 @@ the ledger has but Redis forgot is put back and its share taken out of the
 unclaimed list, in one script call, atomic with respect to grabs). A packet
 Redis closed after forgetting claims refunded their money again, a refund the ledger
 refuses; recover puts the claims back and emits the refund of what is really left.
+Packets the ledger holds as spent (every share claimed) are repaired the same way while
+their keys may live (Redis may have lost their last claims after the ledger had them,
+and would offer those shares again), and a spent packet's claims hash without a
+lifetime gets one.
 It is idempotent and safe while the service runs.
 """
 
@@ -32,6 +36,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from hongbao.domain.moments import ms
 from hongbao.ledger.sql import ClaimRow, PacketRecord
@@ -76,6 +81,8 @@ class RecoverReport:
     rebuilt: int = 0
     repaired_claims: int = 0
     conflicts: list[str] = field(default_factory=list)
+    #: claims hashes of spent packets that had no lifetime and got one
+    claims_lifetimes: int = 0
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -96,6 +103,14 @@ async def pending_claims(service: Hongbao) -> dict[tuple[str, str], ClaimValue]:
 async def open_packets(service: Hongbao) -> AsyncIterator[PacketRecord]:
     after = ""
     while batch := await service.ledger.open_packets(after_id=after):
+        for record in batch:
+            yield record
+        after = batch[-1].id
+
+
+async def spent_packets(service: Hongbao) -> AsyncIterator[PacketRecord]:
+    after = ""
+    while batch := await service.ledger.spent_packets(after_id=after):
         for record in batch:
             yield record
         after = batch[-1].id
@@ -219,7 +234,8 @@ async def _compare(
 
 
 async def recover(service: Hongbao) -> RecoverReport:
-    """Rebuild what Redis lost of the open packets, from the ledger. Idempotent."""
+    """Rebuild what Redis lost of the open and the spent packets, from the ledger.
+    Idempotent."""
     report = RecoverReport()
     store = service.store
     await store.ensure_groups()  # a wiped Redis lost the streams' consumer group too
@@ -227,17 +243,30 @@ async def recover(service: Hongbao) -> RecoverReport:
         if await service.live_status(record.id) is None:
             report.rebuilt += await service.ensure_loaded(record.id)
             continue
-        ledger_claims = await service.ledger.claims_of(record.id)
-        if not ledger_claims:
-            continue
-        restored, conflicts = await store.restore_claims(
-            service.keys_of(record.id),
-            record.sender_id,
-            [
-                (c.user_id, ClaimValue.of_share(c.share_idx, c.amount, ms(c.claimed_at)))
-                for c in ledger_claims
-            ],
-        )
-        report.repaired_claims += restored
-        report.conflicts.extend(conflicts)
+        await _restore_claims(service, record, report)
+    retention_ms = service.settings.retention_seconds * 1000
+    now_ms = ms(datetime.now(UTC))
+    async for record in spent_packets(service):
+        end_of_life = ms(record.expires_at) + retention_ms
+        keys = service.keys_of(record.id)
+        if end_of_life > now_ms and await service.live_status(record.id) is not None:
+            await _restore_claims(service, record, report)
+        report.claims_lifetimes += await store.keep_spent_claims(keys, end_of_life)
     return report
+
+
+async def _restore_claims(service: Hongbao, record: PacketRecord, report: RecoverReport) -> None:
+    """Put back into Redis the claims of `record` the ledger has and Redis forgot."""
+    ledger_claims = await service.ledger.claims_of(record.id)
+    if not ledger_claims:
+        return
+    restored, conflicts = await service.store.restore_claims(
+        service.keys_of(record.id),
+        record.sender_id,
+        [
+            (c.user_id, ClaimValue.of_share(c.share_idx, c.amount, ms(c.claimed_at)))
+            for c in ledger_claims
+        ],
+    )
+    report.repaired_claims += restored
+    report.conflicts.extend(conflicts)

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from hongbao.audit import audit, recover
 from hongbao.domain.models import PacketStatus
 from hongbao.errors import PacketCancelled, PacketExhausted, PacketExpired
 from hongbao.ledger import SqlLedger
@@ -18,6 +19,7 @@ from hongbao.persister import Persister
 from hongbao.service import Hongbao
 from hongbao.settings import Settings
 from hongbao.storage import RedisStore
+from hongbao.storage.codec import pack_share
 from hongbao.sweeper import Sweeper
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
@@ -137,3 +139,52 @@ async def test_cancelling_a_packet_closed_at_its_expiry_says_how_it_closed(
         await service.cancel(spent.id, "s")
     await asyncio.wait_for(persister.drain(), 20)
     assert await service.ledger.audit() == []
+
+
+async def test_recover_puts_back_the_last_claims_of_a_spent_packet(
+    service: Hongbao, persister: Persister
+) -> None:
+    """Redis lost the last claim of a packet after the ledger had it (a rolled-back AOF
+    tail): the ledger holds the packet as spent, and Redis would offer the share again."""
+    await service.deposit("s", 1000)
+    packet = await service.send("s", 300, 2)
+    first = await service.grab(packet.id, "a")
+    last = await service.grab(packet.id, "b")
+    await asyncio.wait_for(persister.drain(), 20)
+    record = await service.ledger.get_packet(packet.id)
+    assert record is not None and record.status == PacketStatus.EXHAUSTED
+    keys = service.keys_of(packet.id)
+    client = service.store.client
+    await client.hdel(keys.claims, "b")
+    await client.rpush(keys.shares, pack_share(last.seq - 1, last.amount))
+    await client.hincrby(keys.meta, "left", last.amount)
+    fixed = await recover(service)
+    assert (fixed.repaired_claims, fixed.conflicts) == (1, [])
+    with pytest.raises(PacketExhausted):
+        await service.grab(packet.id, "c")
+    again = await service.grab(packet.id, "b")
+    assert (again.first, again.amount) == (False, last.amount)
+    assert (await service.grab(packet.id, "a")).amount == first.amount
+    assert (await audit(service, settle=0)).clean
+
+
+async def test_recover_gives_spent_packets_claims_a_lifetime(
+    store: RedisStore, ledger: SqlLedger, settings: Settings
+) -> None:
+    service = _with(store, ledger, settings, retention_seconds=1)
+    persister = Persister(store, ledger, service.settings, consumer="lifetimes")
+    await service.deposit("s", 1000)
+    live = await service.send("s", 100, 1, expires_in=3600)
+    gone = await service.send("s", 100, 1, expires_in=1)
+    await service.grab(live.id, "a")
+    await service.grab(gone.id, "a")
+    await asyncio.wait_for(persister.drain(), 20)
+    for packet in (live, gone):  # claims hashes left without a lifetime
+        await store.client.persist(service.keys_of(packet.id).claims)
+    await asyncio.sleep(2.2)  # `gone`'s expiry plus retention passed
+    await store.client.delete(service.keys_of(gone.id).meta)  # as its lifetime ended
+    assert (await recover(service)).claims_lifetimes == 2
+    ttls = await _ttls_ms(service, live.id)
+    assert 0 < ttls["claims"] <= ttls["meta"]
+    assert not await store.client.exists(service.keys_of(gone.id).claims)
+    assert (await recover(service)).claims_lifetimes == 0

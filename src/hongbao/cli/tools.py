@@ -198,7 +198,8 @@ def _audit(
                 fixed = await recover(service)
                 print(
                     f"recover: rebuilt {fixed.rebuilt} packet(s), "
-                    f"restored {fixed.repaired_claims} claim(s)"
+                    f"restored {fixed.repaired_claims} claim(s), "
+                    f"gave {fixed.claims_lifetimes} spent packet(s)' claims a lifetime"
                 )
                 for line in fixed.conflicts:
                     print(f"CONFLICT {line}")

@@ -366,6 +366,15 @@ class SqlLedger:
             rows = await conn.execute(query.order_by(packets.c.id).limit(limit))
             return [packet_from_row(r) for r in rows]
 
+    async def spent_packets(self, *, after_id: str = "", limit: int = 500) -> list[PacketRecord]:
+        """Packets whose every share was claimed (exhausted), by id."""
+        query = sa.select(*PACKET_COLUMNS).where(
+            packets.c.status == "exhausted", packets.c.id > after_id
+        )
+        async with self._connect() as conn:
+            rows = await conn.execute(query.order_by(packets.c.id).limit(limit))
+            return [packet_from_row(r) for r in rows]
+
     # -- applying grab and refund events ------------------------------------------
 
     async def apply(self, events: Sequence[LedgerEvent]) -> list[str | None]:

@@ -161,6 +161,7 @@ class RedisStore:
         self.lua_rate_limit = self._script("rate_limit")
         self.lua_revoke = self._script("revoke")
         self.lua_revocations = self._script("revocations")
+        self.lua_claims_lifetime = self._script("claims_lifetime")
 
     def _script(self, name: str) -> AsyncScript:
         return self.client.register_script(read_lua(name))
@@ -406,6 +407,13 @@ class RedisStore:
             self.lua_restore_claims, [keys.meta, keys.shares, keys.claims, keys.events], args
         )
         return int(restored), [str(line) for line in conflicts]
+
+    async def keep_spent_claims(self, keys: PacketKeys, end_of_life_ms: int) -> bool:
+        """Give the claims hash of a packet whose shares all went a lifetime when it has
+        none (see claims_lifetime.lua); True when it had none."""
+        return bool(
+            await self._run(self.lua_claims_lifetime, [keys.meta, keys.claims], [end_of_life_ms])
+        )
 
     async def forget_packet(self, keys: PacketKeys) -> None:
         """Delete a packet's keys (tests and recovery drills)."""
