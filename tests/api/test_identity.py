@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,8 +27,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from starlette.applications import Starlette
 
 from hongbao.app import create_app
+from hongbao.errors import AuthError
 from hongbao.identity.config import IdentityConfig
 from hongbao.identity.gate import Identity
+from hongbao.identity.revocation import POLL_INTERVAL
 from hongbao.keys import REVOKED_KEY, REVOKED_VERSION_KEY
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.schema import entries
@@ -373,3 +376,42 @@ async def test_grabs_check_revocations_without_a_redis_call(
     r = await client.post("/v1/packets/01zzzzzzzzzzzzzzzzzzzzzzzz/grab", headers=auth(token))
     problem(r, 401, "unauthorized")
     await asyncio.sleep(0)
+
+
+async def test_the_poller_outlives_a_bad_jwks_and_still_brings_revocations(
+    store: RedisStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A JWKS document that fails to parse in a way the fetch did not foresee (a member
+    whose alg is a list: PyJWT raises TypeError) costs one fetch, not the poller: the
+    revocations of other processes still arrive."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path = tmp_path / "jwks.json"
+    good = json.dumps({"keys": [public_jwk(key, "k1")]})
+    path.write_text(good)
+    identity = Identity(IdentityConfig(SECRET, jwks_url=path.as_uri()))
+    await identity.start(store)
+    try:
+        assert identity.jwks is not None and identity._poller is not None
+        identity.jwks.max_age = identity.jwks.min_refresh = 0.0  # a fetch every turn
+        path.write_text(json.dumps({"keys": [{**public_jwk(key, "k1"), "alg": ["RS256"]}]}))
+        with caplog.at_level(logging.WARNING, logger="hongbao.identity"):
+            await asyncio.sleep(3 * POLL_INTERVAL)
+        assert any("could not be fetched" in r.getMessage() for r in caplog.records)
+        assert not identity._poller.done()
+        path.write_text(good)
+        token = hs256("alice", SECRET)
+        assert (await identity.authenticate(f"Bearer {token}")).user_id == "alice"
+        # another process revokes alice's tokens: this one hears of it by its poller
+        await store.revoke_tokens("alice", int(time.time()))
+
+        async def refused() -> bool:
+            try:
+                await identity.authenticate(f"Bearer {token}")
+            except AuthError:
+                return True
+            return False
+
+        assert await eventually(refused, True, within=5)
+        assert not identity._poller.done()
+    finally:
+        await identity.aclose()

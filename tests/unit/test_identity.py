@@ -23,6 +23,7 @@ from jwt.api_jws import PyJWS
 from hongbao.errors import AuthError, Forbidden, InvalidRequest
 from hongbao.identity.config import IdentityConfig
 from hongbao.identity.gate import Identity, bearer_token
+from hongbao.identity.jwks import parse_jwks
 from hongbao.identity.mint import key_id, mint_tokens
 from hongbao.identity.principal import Principal
 from hongbao.identity.redact import RedactCredentials, redact
@@ -310,6 +311,84 @@ async def test_a_provider_that_is_down_is_not_asked_again_and_again(tmp_path: Pa
     assert not keys.stale and keys.keys == {}
     assert not await keys.refresh_for("k1")
     assert not await keys.refresh_for("k1")  # within min_refresh: not fetched at all
+
+
+async def test_a_token_header_of_another_json_type_is_refused(identity: Identity) -> None:
+    """alg and kid pick a key from sets and dicts: a list or an object (unhashable) is a
+    malformed token, refused like any other, not an error of the server."""
+    now = int(time.time())
+    payload = b64(json.dumps({"sub": "a", "iat": now, "exp": now + 60}).encode())
+    for header, why in [
+        ({"alg": ["HS256"]}, "alg is not a string"),
+        ({"alg": {"HS256": True}}, "alg is not a string"),
+        ({"alg": "RS256", "kid": ["k-RS256"]}, "kid is not a string"),
+        ({"alg": "HS256", "kid": {"k": 1}}, "kid is not a string"),
+    ]:
+        signing = f"{b64(json.dumps(header).encode())}.{payload}"
+        sig = b64(hmac.new(SECRET, signing.encode(), hashlib.sha256).digest())
+        await refused(identity, f"{signing}.{sig}", why)
+
+
+def _publish(path: Path, keys: dict[str, Any]) -> None:
+    """Rewrite the JWKS file with the public halves of `keys` (by kid)."""
+    path.write_text(json.dumps({"keys": [public_jwk(k, kid) for kid, k in keys.items()]}))
+
+
+def _provider_token(user: str, key: Any, alg: str, kid: str) -> str:
+    return mint(user, key, algorithm=alg, kid=kid, iss="https://id.example/", aud="hongbao")
+
+
+async def test_a_fetch_for_a_new_kid_that_withdraws_a_key_forgets_its_tokens(
+    identity: Identity, jwks_file: Path
+) -> None:
+    old = asym("RS256")
+    assert (await auth(identity, old)).user_id == "alice"  # verified, and cached
+    # the provider rotates: k-RS256 withdrawn, k-new signs
+    new_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _publish(jwks_file, {"k-new": new_key, "k-ES256": KEYS["ES256"]})
+    fresh = _provider_token("bob", new_key, "RS256", "k-new")
+    assert (await auth(identity, fresh)).user_id == "bob"  # its kid fetched the new set
+    await refused(identity, old, "unknown signing key")
+
+
+async def test_a_key_replaced_under_its_kid_forgets_its_tokens(
+    identity: Identity, jwks_file: Path
+) -> None:
+    old = asym("ES256")
+    kept = asym("EdDSA")
+    assert await auth(identity, old) and await auth(identity, kept)
+    assert identity.jwks is not None
+    # the same set fetched again: the verified tokens stay verified
+    assert await identity.jwks.refresh()
+    assert f"Bearer {old}" in identity._cache and f"Bearer {kept}" in identity._cache
+    # another key under k-ES256, fetched by any refresh (here the hourly one's call)
+    replacement = ec.generate_private_key(ec.SECP256R1())
+    _publish(jwks_file, {**{f"k-{a}": k for a, k in KEYS.items()}, "k-ES256": replacement})
+    assert await identity.jwks.refresh()
+    await refused(identity, old, "invalid token signature")
+    assert (await auth(identity, kept)).user_id == "alice"
+    signed = _provider_token("carol", replacement, "ES256", "k-ES256")
+    assert (await auth(identity, signed)).user_id == "carol"
+
+
+def test_malformed_jwks_members_are_left_out_one_by_one() -> None:
+    good = public_jwk(KEYS["RS256"], "good")
+    members: list[Any] = [
+        {**public_jwk(KEYS["ES256"], "x"), "alg": ["ES256"]},  # unhashable: PyJWT's TypeError
+        {**public_jwk(KEYS["ES256"], "y"), "alg": {"ES256": True}},
+        {**public_jwk(KEYS["EdDSA"], "z"), "kid": ["z"]},
+        {**public_jwk(KEYS["EdDSA"], "w"), "use": ["sig"]},
+        {"kty": "RSA", "n": 5, "e": "AQAB", "kid": "n"},
+        {"kty": ["RSA"], "kid": "t"},
+        "not an object",
+        good,
+    ]
+    assert list(parse_jwks(json.dumps({"keys": members}).encode())) == ["good"]
+    documents = [b"[]", b"{", b'{"keys": {}}', b'{"keys": []}', b'{"keys": [[]]}']
+    documents.append(json.dumps({"keys": members[:-1]}).encode())
+    for document in documents:
+        with pytest.raises(ValueError):
+            parse_jwks(document)
 
 
 def test_an_hs256_key_is_prepared_once_and_others_still_checked() -> None:

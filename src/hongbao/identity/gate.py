@@ -40,12 +40,16 @@ class Identity:
 
     def __init__(self, config: IdentityConfig, *, cache_size: int = CACHE_SIZE) -> None:
         self.config = config
-        self.jwks = JwksKeys(config.jwks_url) if config.jwks_url else None
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, Principal] = OrderedDict()
+        # whichever fetch replaces the keys (the hourly one, or one for an unknown kid),
+        # tokens verified with a key withdrawn or replaced under its kid are checked again
+        self.jwks = (
+            JwksKeys(config.jwks_url, on_withdrawn=self._cache.clear) if config.jwks_url else None
+        )
         self.verifier = TokenVerifier(config, self.jwks)
         self.revocations = Revocations()
         self.tickets = Tickets(config.secret)
-        self.cache_size = cache_size
-        self._cache: OrderedDict[str, Principal] = OrderedDict()
         self._poller: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -74,6 +78,9 @@ class Identity:
             self._poller = None
 
     async def _poll(self) -> None:
+        """Every `POLL_INTERVAL`: the revocations, and the JWKS once it is stale. A turn
+        that fails, for whatever reason, is logged and the next one runs: the poller is
+        what brings other processes' revocations here, and must outlive any one error."""
         failing = False
         while True:
             with contextlib.suppress(TimeoutError):
@@ -83,15 +90,18 @@ class Identity:
             try:
                 await self.revocations.poll()
                 failing = False
-            except StorageError as exc:
-                if not failing:
-                    log.warning("token revocations not refreshed: %s", exc)
+            except Exception as exc:
+                if not failing:  # once per run of failures, not every turn
+                    # Redis failing is expected (StorageError); anything else, with its
+                    # traceback
+                    unexpected = not isinstance(exc, StorageError)
+                    log.warning("token revocations not refreshed: %r", exc, exc_info=unexpected)
                 failing = True
-            if self.jwks is not None and self.jwks.stale:
-                old = set(self.jwks.keys)
-                await self.jwks.refresh()
-                if old - set(self.jwks.keys):
-                    self._cache.clear()  # tokens of withdrawn keys are checked again
+            try:
+                if self.jwks is not None and self.jwks.stale:
+                    await self.jwks.refresh()  # clears the cache if a key was withdrawn
+            except Exception:
+                log.exception("JWKS %s not refreshed (unexpected error)", self.config.jwks_url)
 
     # -- requests -------------------------------------------------------------------------
 

@@ -13,17 +13,23 @@ event loop keeps serving meanwhile.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import logging
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_public_key,
+)
 
 from hongbao.errors import ConfigurationError
 from hongbao.identity.config import ASYMMETRIC_ALGORITHMS
@@ -66,23 +72,66 @@ def pem_key(path: Path) -> VerifyKey:
 
 def parse_jwks(document: bytes) -> dict[str | None, VerifyKey]:
     """The signing keys of a JWKS document by kid (None for a key without one); keys for
-    other algorithms, encryption keys and malformed members are left out."""
+    other algorithms, encryption keys and malformed members are left out, each on its
+    own, so one bad member does not cost the others."""
     try:
         data = json.loads(document)
-        keys = jwt.PyJWKSet.from_dict(data).keys if isinstance(data, dict) else None
-    except (ValueError, jwt.PyJWTError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"not a usable JWKS: {exc}") from None
-    if keys is None:
+    if not isinstance(data, dict):
         raise ValueError("not a usable JWKS: the document is not a JSON object")
+    members = data.get("keys")
+    if not isinstance(members, list):
+        raise ValueError("not a usable JWKS: its keys member is not a list")
     out: dict[str | None, VerifyKey] = {}
-    for key in keys:
-        if key.public_key_use not in (None, "sig"):
-            continue
-        if key.algorithm_name in ASYMMETRIC_ALGORITHMS:
-            out[key.key_id] = VerifyKey(key.algorithm_name, key)
+    for member in members:
+        found = _signing_key(member)
+        if found is not None:
+            out[found[0]] = found[1]
     if not out:
         raise ValueError("the JWKS holds no RS256, ES256 or EdDSA signing key")
     return out
+
+
+def _signing_key(member: object) -> tuple[str | None, VerifyKey] | None:
+    """A JWKS member's kid and key, if it is a well-formed RS256, ES256 or EdDSA public
+    signing key; None for anything else. The members' values come from the provider's
+    document: a kid or alg of another JSON type than a string (a list is unhashable), a
+    private key (``d``: a JWKS publishes public keys, and PyJWT verifies with public
+    ones only) or a key PyJWT cannot build is left out, whatever exception building it
+    raises."""
+    if not isinstance(member, dict) or "d" in member:
+        return None
+    kid, alg, use = member.get("kid"), member.get("alg"), member.get("use")
+    if not (kid is None or isinstance(kid, str)) or not (alg is None or isinstance(alg, str)):
+        return None
+    if use is not None and use != "sig":
+        return None
+    try:
+        key = jwt.PyJWK(member)
+    except Exception:  # any failure to build one key leaves out that key only
+        return None
+    if key.algorithm_name not in ASYMMETRIC_ALGORITHMS:
+        return None
+    return kid, VerifyKey(key.algorithm_name, key)
+
+
+def key_material(key: VerifyKey) -> tuple[str, bytes]:
+    """What a key verifies with: its algorithm and its public key (DER), to tell a key
+    replaced under the same kid from the same key fetched again."""
+    public = key.key.key if isinstance(key.key, jwt.PyJWK) else key.key
+    der: bytes = public.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return key.algorithm, der
+
+
+def withdrawn(old: dict[str | None, VerifyKey], new: dict[str | None, VerifyKey]) -> bool:
+    """Whether some key of `old` is gone from `new`, or has another key under its kid:
+    tokens it signed must not be accepted any more."""
+    for kid, key in old.items():
+        replacement = new.get(kid)
+        if replacement is None or key_material(replacement) != key_material(key):
+            return True
+    return False
 
 
 class JwksKeys:
@@ -95,8 +144,11 @@ class JwksKeys:
         min_refresh: float = MIN_REFRESH,
         max_age: float = MAX_AGE,
         timeout: float = FETCH_TIMEOUT,
+        on_withdrawn: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
+        #: called when a fetch replaces the keys and some key in hand is gone or changed
+        self.on_withdrawn = on_withdrawn
         self.min_refresh = min_refresh
         self.max_age = max_age
         self.timeout = timeout
@@ -151,14 +203,21 @@ class JwksKeys:
 
     async def _refresh(self) -> bool:
         self._tried_at = time.monotonic()
+        held = f"keeping the {len(self.keys)} key(s) in hand" if self.keys else "no keys yet"
         try:
             keys = await asyncio.to_thread(self._fetch)
-        except (OSError, ValueError) as exc:
-            held = f"keeping the {len(self.keys)} key(s) in hand" if self.keys else "no keys yet"
-            log.warning("JWKS %s could not be fetched (%s): %s", self.url, exc, held)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            log.warning("JWKS %s could not be fetched (%r): %s", self.url, exc, held)
             return False
-        self.keys = keys
+        except Exception:
+            # whatever else a fetch raises is a failed fetch too: the keys in hand stay,
+            # and neither a request nor the identity poller dies of it
+            log.exception("JWKS %s could not be fetched (unexpected error): %s", self.url, held)
+            return False
+        old, self.keys = self.keys, keys
         self.fetched_at = time.monotonic()
+        if self.on_withdrawn is not None and withdrawn(old, keys):
+            self.on_withdrawn()
         return True
 
     def _fetch(self) -> dict[str | None, VerifyKey]:

@@ -223,9 +223,10 @@ def _hmac_key(secret: bytes) -> jwt.PyJWK:
     return key
 
 
-def _header(token: str) -> tuple[object, str | None]:
+def _header(token: str) -> tuple[str | None, str | None]:
     """The (alg, kid) a token's header claims: only to pick a configured key, which
-    PyJWT then checks the whole token with."""
+    PyJWT then checks the whole token with. Both are looked up in sets and dicts, so a
+    value of another JSON type (a list, an object: unhashable) is refused here."""
     head, dot, _ = token.partition(".")
     try:
         if not dot:
@@ -235,10 +236,13 @@ def _header(token: str) -> tuple[object, str | None]:
         raise AuthError("malformed token: not a JWT") from None
     if not isinstance(header, dict):
         raise AuthError("malformed token: not a JWT")
+    algorithm = header.get("alg")
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise AuthError("malformed token: its alg is not a string")
     kid = header.get("kid")
     if kid is not None and not isinstance(kid, str):
         raise AuthError("malformed token: its kid is not a string")
-    return header.get("alg"), kid
+    return algorithm, kid
 
 
 def _standard_b64(part: str) -> str:
