@@ -31,7 +31,11 @@ MAX_PAGE = 500
 #: the years a record can be asked for
 MIN_YEAR = 1970
 MAX_YEAR = 9999
-_LAST_MICROS = ledger_history.micros(datetime.max)
+#: the last time a cursor may name, in unix microseconds (datetime.max)
+LAST_MICROS = ledger_history.micros(datetime.max)
+#: the largest row id a cursor may name: the largest the ledger's id columns hold (a
+#: signed 64-bit integer); a larger one cannot be bound as a query parameter
+MAX_ROW_ID = 2**63 - 1
 #: finished packets given their best-luck row per transaction; seconds between rounds
 INDEX_BATCH = 1_000
 INDEX_INTERVAL = 5.0
@@ -104,7 +108,7 @@ class History:
         require_user_id(user_id)
         if kind is not None and kind not in ENTRY_KINDS:
             raise InvalidRequest(f"kind must be one of {', '.join(ENTRY_KINDS)}", "kind")
-        if after is not None and (type(after) is not int or after < 1):
+        if after is not None and not valid_row_id(after):
             raise InvalidRequest("cursor is not one this API returned", "cursor")
         return await ledger_history.wallet_entries(
             self.ledger.engine, user_id, kind=kind, after=after, limit=_limit(limit)
@@ -180,6 +184,11 @@ def _limit(limit: int) -> int:
     return limit
 
 
+def valid_row_id(row_id: object) -> bool:
+    """Whether `row_id` can be a ledger row's id: an int from 1 to `MAX_ROW_ID`."""
+    return type(row_id) is int and 1 <= row_id <= MAX_ROW_ID
+
+
 def _keyset(after: Keyset | None, id_type: type) -> Keyset | None:
     """`after` if it is a position of this kind of row; InvalidRequest naming the cursor."""
     if after is None:
@@ -188,9 +197,9 @@ def _keyset(after: Keyset | None, id_type: type) -> Keyset | None:
         isinstance(after, tuple)
         and len(after) == 2
         and type(after[0]) is int
-        and 0 <= after[0] <= _LAST_MICROS
+        and 0 <= after[0] <= LAST_MICROS
         and type(after[1]) is id_type
-        and (valid_packet_id(after[1]) if isinstance(after[1], str) else after[1] >= 1)
+        and (valid_packet_id(after[1]) if isinstance(after[1], str) else valid_row_id(after[1]))
     )
     if not ok:
         raise InvalidRequest("cursor is not one this API returned", "cursor")

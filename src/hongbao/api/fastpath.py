@@ -20,7 +20,7 @@ from typing import NamedTuple
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hongbao.api.headers import SECURITY_HEADERS
-from hongbao.api.routes import MAX_BODY, Api, GrabBody, has_body
+from hongbao.api.routes import MAX_BODY, Api, grab_body, has_body
 
 _PREFIX = "/v1/packets/"
 _SUFFIX = "/grab"
@@ -41,7 +41,7 @@ class GrabFastPath:
         fields = grab_headers(scope["headers"])
         body = None
         if has_body(fields.content_length, fields.transfer_encoding):
-            body = GrabBody(fields.content_type or "", await _read_body(receive))
+            body = grab_body(fields.content_type, await _read_body(receive))
         client = scope.get("client")
         answer = await self.api.grab_answer(
             packet_id,

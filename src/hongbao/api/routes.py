@@ -87,10 +87,20 @@ class GrabBody:
 
 
 def has_body(content_length: str | None, transfer_encoding: str | None) -> bool:
-    """Whether a request's headers announce a body (a grab usually has none)."""
+    """Whether a request's headers announce a body (a grab usually has none): a length of
+    zero written with more digits (``00``) announces none either. A chunked body may
+    still turn out empty; the grab then treats it as none (`grab_body`)."""
     if transfer_encoding is not None:
         return True
-    return content_length is not None and content_length.strip() not in ("", "0")
+    return content_length is not None and content_length.strip().lstrip("0") != ""
+
+
+def grab_body(content_type: str | None, data: bytes | None) -> GrabBody | None:
+    """A grab's body as read: None when it is empty (an empty chunked body, say), which
+    is a grab without a body like one with ``Content-Length: 0``."""
+    if data == b"":
+        return None
+    return GrabBody(content_type or "", data)
 
 
 class Api:
@@ -229,7 +239,7 @@ class Api:
                     break
                 chunks.append(chunk)
             data = b"".join(chunks) if size <= MAX_BODY else None
-            body = GrabBody(headers.get("content-type", ""), data)
+            body = grab_body(headers.get("content-type"), data)
         answer = await self.grab_answer(
             request.path_params["packet_id"],
             headers.get("authorization"),
@@ -338,10 +348,14 @@ Handler = Callable[[Request], Awaitable[Response]]
 def route_by_method(path: str, handlers: Mapping[str, Handler]) -> Route:
     """One route for a path whose methods have handlers of their own: a method it lacks
     answers 405 with an Allow header naming every method the path has (separate routes
-    per method would each name only their own)."""
+    per method would each name only their own). HEAD, which Starlette allows wherever GET
+    is, runs the GET handler, as on every other GET route (the server sends no body)."""
+    by_method = dict(handlers)
+    if "GET" in by_method:
+        by_method.setdefault("HEAD", by_method["GET"])
 
     async def endpoint(request: Request) -> Response:
-        return await handlers[request.method](request)
+        return await by_method[request.method](request)
 
     return Route(path, endpoint, methods=list(handlers))
 

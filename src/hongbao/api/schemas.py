@@ -285,6 +285,11 @@ def claims_json(c: ClaimsList) -> dict[str, Any]:
     }
 
 
+#: the largest number a cursor holds: a signed 64-bit integer, what Redis and the ledger
+#: store times and ids as
+MAX_CURSOR_NUMBER = 2**63 - 1
+
+
 def claims_cursor(position: ClaimPosition) -> str:
     """An opaque cursor: where in grab order a page of claims ends."""
     return encode_cursor(position.claimed_at_ms, position.seq)
@@ -297,7 +302,11 @@ def claims_position(cursor: str) -> ClaimPosition:
         position = ClaimPosition(int(at), int(seq))
     except ValueError:
         raise _bad_cursor() from None
-    if claims_cursor(position) != cursor:
+    if (
+        claims_cursor(position) != cursor
+        or not 0 <= position.claimed_at_ms <= MAX_CURSOR_NUMBER
+        or not 1 <= position.seq <= MAX_CURSOR_NUMBER
+    ):
         raise _bad_cursor()
     return position
 

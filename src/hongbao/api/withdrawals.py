@@ -5,7 +5,8 @@
 - ``GET /v1/wallets/{user_id}/withdrawals?status=&limit=&cursor=``: the same callers;
 - ``GET /v1/withdrawals?status=&older_than=&limit=&cursor=``: an admin; every user's
   withdrawals in one status (default ``requested``: the payouts in flight), oldest first;
-- ``GET /v1/withdrawals/{withdrawal_id}``: its owner, a service or an admin;
+- ``GET /v1/withdrawals/{withdrawal_id}``: its owner, a service or an admin (anyone else
+  gets the 404 of an unknown id);
 - ``POST /v1/withdrawals/{withdrawal_id}/complete`` and ``/fail``, with an optional
   ``{"note": ...}``: a service (its own token, not acting for a user) or an admin, as the
   payment system reports the payout; a failed withdrawal's money goes back, once.
@@ -46,7 +47,8 @@ from hongbao.domain.withdrawals import (
     WithdrawalsPage,
     WithdrawalStatus,
 )
-from hongbao.errors import Forbidden, InvalidRequest
+from hongbao.errors import Forbidden, InvalidRequest, WithdrawalNotFound
+from hongbao.history import LAST_MICROS
 from hongbao.identity.principal import Principal
 from hongbao.withdrawals import DEFAULT_PAGE, MAX_OLDER_THAN, MAX_PAGE, MAX_STATUS_PAGE
 
@@ -141,10 +143,13 @@ class WithdrawalsApi:
         return JSONResponse(status_page_json(page))
 
     async def get(self, request: Request) -> Response:
+        """The withdrawal, for an admin, a service or its owner. Anyone else gets the 404
+        of an unknown id: which ids exist is not theirs to learn."""
         caller = await self.api.caller(request)
-        withdrawal = await self.api.service.withdrawals.get(request.path_params["withdrawal_id"])
+        withdrawal_id: str = request.path_params["withdrawal_id"]
+        withdrawal = await self.api.service.withdrawals.get(withdrawal_id)
         if not (caller.admin or caller.service or caller.user_id == withdrawal.user_id):
-            raise Forbidden("a withdrawal can be read by its owner, a service or an admin")
+            raise WithdrawalNotFound(f"no withdrawal {withdrawal_id}")
         return JSONResponse(withdrawal_json(withdrawal))
 
     async def complete(self, request: Request) -> Response:
@@ -192,7 +197,7 @@ def withdrawal_position(cursor: str, tag: str = _CURSOR_TAG) -> WithdrawalPositi
     if (
         found != tag
         or position is None
-        or position.at_us < 0
+        or not 0 <= position.at_us <= LAST_MICROS  # a time the ledger's datetimes can hold
         or not WITHDRAWAL_ID_PATTERN.fullmatch(withdrawal_id)
         or withdrawal_cursor(position, tag) != cursor
     ):
