@@ -4,6 +4,7 @@ checked against the OpenAPI document (tests/api/conftest.py)."""
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -144,6 +145,23 @@ async def test_passphrase_packet(client: httpx.AsyncClient, app: Starlette) -> N
         sent = (await conn.execute(sa.select(packets.c.request_hash))).all()
     assert PHRASE not in str(rows) and rows[0].passphrase_hash == meta["ph"]
     assert PHRASE not in str(sent)
+
+
+async def test_a_passphrase_is_counted_in_its_normal_form(client: httpx.AsyncClient) -> None:
+    """32 characters in NFC: sent decomposed (NFD, as some keyboards send Hangul) or with
+    spaces around it, it takes more, and still matches."""
+    phrase = "각" * 32  # 32 syllables in NFC, 96 jamo in NFD
+    decomposed = unicodedata.normalize("NFD", phrase)
+    assert len(decomposed) == 96
+    await deposit(client, "alice", 10_000)
+    packet = await send(client, "alice", total_amount=500, count=5, passphrase=decomposed)
+    r = await grab(client, packet["id"], "bob", {"passphrase": f"  {decomposed}  "})
+    assert r.status_code == 200 and r.json()["first"] is True, r.text
+    r = await grab(client, packet["id"], "carol", {"passphrase": phrase})
+    assert r.status_code == 200 and r.json()["first"] is True, r.text
+    too_long = {"total_amount": 500, "count": 5, "mode": "equal", "passphrase": phrase + "각"}
+    r = await client.post("/v1/packets", json=too_long, headers=bearer("alice"))
+    problem(r, 422, "invalid_request", "passphrase")
 
 
 async def test_timed_packet(client: httpx.AsyncClient) -> None:

@@ -65,6 +65,9 @@ def test_times() -> None:
         2026, 11, 26, 20, tzinfo=eight
     )
     assert parse_time("2026-11-26T12:00:00.123456789Z", "x").microsecond == 123_456
+    noon = datetime(2026, 11, 26, 12, tzinfo=UTC)
+    for lower in ("2026-11-26t12:00:00z", "2026-11-26 12:00:00z", "2026-11-26T12:00:00.0z"):
+        assert parse_time(lower, "x") == noon  # RFC 3339 allows t and z in lower case
     for bad in ("2026-11-26T20:00:00", "2026-11-26", "2026-02-30T00:00:00Z", "soon"):
         with pytest.raises(InvalidRequest):
             parse_time(bad, "starts_at")

@@ -19,6 +19,11 @@ from hongbao.domain.rules import MAX_AUDIENCE, MAX_PASSPHRASE
 from hongbao.domain.text import GREETING_PATTERN, MAX_GREETING
 from hongbao.errors import InvalidRequest
 
+#: the most characters a passphrase may arrive in: its 32 are counted in its normal form
+#: (`normal_passphrase`: NFC, no surrounding spaces), and a decomposed form (NFD, as some
+#: keyboards send Hangul or accented letters) or spaces around it take more
+MAX_PASSPHRASE_SENT = 4 * MAX_PASSPHRASE
+
 #: the largest single deposit, fen (100 million yuan); keeps wallets far from BIGINT overflow
 MAX_DEPOSIT = 10_000_000_000
 
@@ -64,8 +69,11 @@ class SendRequest(_Strict):
     passphrase: str | None = Field(
         default=None,
         min_length=1,
-        max_length=MAX_PASSPHRASE,
-        description="a grab must send it; only a keyed digest of it is kept",
+        max_length=MAX_PASSPHRASE_SENT,
+        description=(
+            f"1 to {MAX_PASSPHRASE} characters in Unicode NFC without surrounding spaces; "
+            "a grab must send it; only a keyed digest of it is kept"
+        ),
     )
     starts_at: str | None = Field(
         default=None,
@@ -77,7 +85,7 @@ class SendRequest(_Strict):
 
 class GrabRequest(_Strict):
     passphrase: str | None = Field(
-        default=None, max_length=MAX_PASSPHRASE, description="the packet's passphrase"
+        default=None, max_length=MAX_PASSPHRASE_SENT, description="the packet's passphrase"
     )
 
 
