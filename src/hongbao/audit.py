@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -100,20 +100,23 @@ async def pending_claims(service: Hongbao) -> dict[tuple[str, str], ClaimValue]:
     return found
 
 
-async def open_packets(service: Hongbao) -> AsyncIterator[PacketRecord]:
+async def each_packet(
+    page: Callable[..., Awaitable[list[PacketRecord]]],
+) -> AsyncIterator[PacketRecord]:
+    """Every packet of a ledger listing read page by page (`page(after_id=...)`, by id)."""
     after = ""
-    while batch := await service.ledger.open_packets(after_id=after):
+    while batch := await page(after_id=after):
         for record in batch:
             yield record
         after = batch[-1].id
 
 
-async def spent_packets(service: Hongbao) -> AsyncIterator[PacketRecord]:
-    after = ""
-    while batch := await service.ledger.spent_packets(after_id=after):
-        for record in batch:
-            yield record
-        after = batch[-1].id
+def open_packets(service: Hongbao) -> AsyncIterator[PacketRecord]:
+    return each_packet(service.ledger.open_packets)
+
+
+def spent_packets(service: Hongbao) -> AsyncIterator[PacketRecord]:
+    return each_packet(service.ledger.spent_packets)
 
 
 # -- audit --------------------------------------------------------------------------------

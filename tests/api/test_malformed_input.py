@@ -74,7 +74,7 @@ def unauthorized(r: httpx.Response) -> None:
     assert r.headers["www-authenticate"] == 'Bearer realm="hongbao"'
 
 
-# -- 1. token headers of another JSON type ------------------------------------------------------
+# -- token headers of another JSON type -----------------------------------------------------------
 
 
 async def test_a_token_header_of_another_json_type_is_a_401(
@@ -95,7 +95,7 @@ async def test_a_token_header_of_another_json_type_is_a_401(
     assert r.json()["remaining_count"] == 3  # no refused grab took a share
 
 
-# -- 2. HEAD on a path with several methods -----------------------------------------------------
+# -- HEAD on a path with several methods ----------------------------------------------------------
 
 
 async def test_head_is_answered_as_get_without_a_body(
@@ -129,10 +129,11 @@ async def test_head_is_answered_as_get_without_a_body(
     assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "HEAD", "POST"}
 
 
-# -- 3. and 4. cursors out of range -------------------------------------------------------------
+# -- cursors out of range -------------------------------------------------------------------------
 
 
-async def test_withdrawal_cursors_out_of_range_are_a_422(client: httpx.AsyncClient) -> None:
+async def _withdrawal_of_alice(client: httpx.AsyncClient) -> str:
+    """A withdrawal of 100 fen alice requested; its id."""
     await deposit(client, "alice", 1_000)
     r = await client.post(
         "/v1/wallets/alice/withdrawals",
@@ -140,6 +141,11 @@ async def test_withdrawal_cursors_out_of_range_are_a_422(client: httpx.AsyncClie
         headers={**bearer("alice"), "Idempotency-Key": "w1"},
     )
     assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+async def test_withdrawal_cursors_out_of_range_are_a_422(client: httpx.AsyncClient) -> None:
+    await _withdrawal_of_alice(client)
     lists = [
         ("/v1/wallets/alice/withdrawals", "w", bearer("alice")),
         ("/v1/withdrawals", "ws", ADMIN),
@@ -185,20 +191,13 @@ async def test_history_and_claims_cursors_out_of_range_are_a_422(
     assert [e["kind"] for e in r.json()["items"]] == ["send", "deposit"]
 
 
-# -- 7. who learns that a withdrawal exists -----------------------------------------------------
+# -- who learns that a withdrawal exists ----------------------------------------------------------
 
 
 async def test_another_users_withdrawal_is_a_404_like_an_unknown_one(
     client: httpx.AsyncClient,
 ) -> None:
-    await deposit(client, "alice", 1_000)
-    r = await client.post(
-        "/v1/wallets/alice/withdrawals",
-        json={"amount": 100},
-        headers={**bearer("alice"), "Idempotency-Key": "w1"},
-    )
-    assert r.status_code == 201, r.text
-    known = r.json()["id"]
+    known = await _withdrawal_of_alice(client)
     service_for_bob = {**bearer("payments", service=True), "X-On-Behalf-Of": "bob"}
     for headers in (bearer("bob"), service_for_bob):
         answers = []
@@ -211,7 +210,7 @@ async def test_another_users_withdrawal_is_a_404_like_an_unknown_one(
     assert r.status_code == 200 and r.json()["id"] == known
 
 
-# -- 8. a grab whose body is empty --------------------------------------------------------------
+# -- a grab whose body is empty -------------------------------------------------------------------
 
 
 async def test_a_grab_with_an_empty_body_is_a_grab_without_one(
