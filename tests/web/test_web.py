@@ -227,6 +227,12 @@ def test_errors_are_words_not_json(browser: Any, server: Serve, contexts: list[A
 
     frank = phone(browser, contexts, "en-US")
     frank.goto(server.url + "/")
+    # a name the demo sign-in does not take is refused on the page, as the server would
+    name = frank.get_by_test_id("name")
+    name.fill("a:b")
+    assert not name.evaluate("e => e.checkValidity()")
+    name.fill("x" * 33)
+    assert name.input_value() == "x" * 32  # the field takes no more
     sign_in(frank, "frank")
     error = frank.get_by_test_id("error")
     # amounts are parsed as digits: no floats, at most two decimals

@@ -15,6 +15,8 @@
   var MAX_AUDIENCE = 1000;
   var MAX_START_AHEAD_MS = 7 * 86400 * 1000;
   var USER_ID = /^[A-Za-z0-9_.:@-]{1,64}$/;
+  // a demo sign-in's name, as POST /demo/token takes it (the user is demo-<name>)
+  var DEMO_NAME = /^[A-Za-z0-9_.@-]{1,32}$/;
   // refusals that pass by themselves or that the person can fix: shown for a moment
   var TRANSIENT = ["wrong_passphrase", "too_many_attempts", "rate_limited", "not_started"];
 
@@ -241,7 +243,7 @@
   $("demo-form").addEventListener("submit", function (event) {
     event.preventDefault();
     var name = $("name").value.trim();
-    if (!/^[A-Za-z0-9_.:@-]{1,64}$/.test(name)) { showError(t("signin.badName")); $("name").focus(); return; }
+    if (!DEMO_NAME.test(name)) { showError(t("signin.badName")); $("name").focus(); return; }
     var button = event.submitter || this.querySelector("button");
     button.disabled = true;
     api("POST", "/demo/token", { name: name }).then(function (data) {
