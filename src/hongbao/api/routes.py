@@ -486,10 +486,13 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    # more digits than `high` has is out of range, and may be more than int() converts
+    # a value longer than any in range with a few leading zeros is refused before int(),
+    # which counts the zeros toward Python's 4,300-digit limit; more digits than `high`
+    # has after the zeros is out of range
     if (
         not raw.isascii()
         or not raw.isdigit()
+        or len(raw) > len(str(high)) + 16
         or len(raw.lstrip("0")) > len(str(high))
         or not low <= int(raw) <= high
     ):
