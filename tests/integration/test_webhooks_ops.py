@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
 
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response
 
 from hongbao.errors import InvalidRequest
 from hongbao.ledger.webhook_store import WebhookStore
@@ -20,6 +22,25 @@ from tests.api.serving import run_cli
 from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
+
+
+@dataclass
+class SlowReceiver(Receiver):
+    """A receiver that takes `delay` seconds over each message before it answers."""
+
+    delay: float = 0.2
+
+    async def hook(self, request: Request) -> Response:
+        await asyncio.sleep(self.delay)
+        return await super().hook(request)
+
+
+@pytest.fixture
+def slow_receiver() -> Iterator[SlowReceiver]:
+    r = SlowReceiver()
+    r.start()
+    yield r
+    r.stop()
 
 
 async def dispatch_until(
@@ -150,3 +171,38 @@ async def test_a_host_left_out_of_the_allowed_hosts_is_neither_registered_nor_se
         await guarded.create(receiver.url, ["wallet.deposited"])
     made = await guarded.create("https://a.b.example.net/hook", ["wallet.deposited"])
     assert made.url == "https://a.b.example.net/hook"
+
+
+@pytest.mark.parametrize("how", ["deleted", "disabled"])
+async def test_a_dispatcher_stops_sending_to_an_endpoint_deleted_or_disabled_mid_lease(
+    slow_receiver: SlowReceiver, service: Hongbao, settings: Settings, how: str
+) -> None:
+    endpoint = await service.webhooks.create(slow_receiver.url, ["wallet.deposited"])
+    slow_receiver.secrets = [endpoint.secret]
+    for n in range(40):  # one queue, leased whole: 40 messages, 8 s at 0.2 s each
+        await service.deposit("alice", 100 + n)
+    store = WebhookStore(service.ledger)
+    fast = replace(settings, webhook_poll_interval=0.02)
+    stop = asyncio.Event()
+    task = asyncio.create_task(Dispatcher(service.ledger, fast).run(stop))
+    try:
+        deadline = time.monotonic() + 20
+        while len(slow_receiver.got) < 2:
+            assert time.monotonic() < deadline, "nothing sent"
+            await asyncio.sleep(0.02)
+        if how == "deleted":  # an admin's DELETE
+            assert await store.delete_endpoint(endpoint.id)
+        else:  # another dispatcher's 410
+            await store.disable_endpoint(endpoint.id, "the receiver answered 410 Gone")
+        # a second to notice, and the message in flight then
+        await asyncio.sleep(1.0 + 3 * slow_receiver.delay)
+        sent = len(slow_receiver.got)
+        await asyncio.sleep(1.0)
+        assert len(slow_receiver.got) == sent < 15, sent
+    finally:
+        stop.set()
+        await task
+    stats = await store.stats()
+    assert stats.pending == 0
+    if how == "disabled":  # what was not recorded delivered stays parked for a retry
+        assert stats.parked + stats.delivered == 40 and stats.parked >= 40 - sent

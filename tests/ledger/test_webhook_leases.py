@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.outbox import record_events
-from hongbao.ledger.webhook_records import Failure, LeasedDelivery
+from hongbao.ledger.schema import webhook_deliveries
+from hongbao.ledger.webhook_records import Failure, LeasedDelivery, Progress
 from hongbao.ledger.webhook_store import WebhookStore
 from tests.ledger.test_outbox import add_endpoint, settled
 
@@ -184,3 +187,113 @@ async def test_a_lease_takes_several_full_messages_when_asked(ledger: SqlLedger)
         lease_for=LEASE,
     )
     assert numbers(queue) == [7, 8, 9]
+
+
+async def test_an_operators_retry_leaves_a_delivery_a_dispatcher_holds(ledger: SqlLedger) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"])
+    store = WebhookStore(ledger)
+    await emit(ledger, "p1", 1, 1)
+    await emit(ledger, "p2", 1, 1)
+    (first, other) = await store.lease("a", heads=2, batch=1, lease_for=LEASE)
+    # both fail once and are due again at once; a leases p1's again and is sending it
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    await store.settle(
+        "a", [], [Failure(q[0].delivery_id, 500, "HTTP 500", due) for q in (first, other)], []
+    )
+    (held,) = await store.lease("a", heads=1, batch=1, lease_for=LEASE)
+    assert held[0].delivery_id == first[0].delivery_id and held[0].attempts == 1
+    # only the one nobody holds is put back; the held one is not handed to b
+    assert await store.retry() == 1
+    assert await store.retry(first[0].delivery_id) == 0
+    (taken,) = await store.lease("b", heads=10, batch=10, lease_for=LEASE)
+    assert [d.delivery_id for d in taken] == [other[0].delivery_id]
+    assert await store.lease("b", heads=10, batch=10, lease_for=LEASE) == []
+
+
+async def test_a_queue_flows_on_only_from_its_first_pending_delivery(
+    ledger: SqlLedger, sql_url: str
+) -> None:
+    if ledger.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite serializes writers: no other transaction holds a row")
+    await add_endpoint(ledger, "we_a", ["claim.settled"])
+    store = WebhookStore(ledger)
+    await emit(ledger, "p1", 1, 4)
+    held = (await store.lease("a", heads=1, batch=2, lease_for=LEASE))[0]
+    assert numbers(held) == [1, 2]
+    # another transaction (a dispatcher's poll choosing its heads) holds the third
+    other = SqlLedger.from_url(sql_url)
+    try:
+        async with other.engine.connect() as conn:
+            await conn.begin()
+            third = await conn.scalar(
+                sa.select(webhook_deliveries.c.id)
+                .where(webhook_deliveries.c.status == "pending")
+                .order_by(webhook_deliveries.c.id)
+                .offset(2)
+                .limit(1)
+            )
+            locked = await conn.scalar(
+                sa.select(webhook_deliveries.c.id)
+                .where(webhook_deliveries.c.id == third)
+                .with_for_update()
+            )
+            assert locked == third is not None
+            # a flows on from the third or not at all, never from the fourth past it
+            delivered = [(d.delivery_id, 204) for d in held]
+            assert await go_on(store, "a", delivered, held[-1], batch=10) == []
+            await conn.rollback()
+    finally:
+        await other.aclose()
+    (queue,) = await store.lease("b", heads=10, batch=10, lease_for=LEASE)
+    assert numbers(queue) == [3, 4]
+
+
+async def test_the_events_a_delivery_got_through_are_split_off_delivered(
+    ledger: SqlLedger,
+) -> None:
+    await add_endpoint(ledger, "we_a", ["claim.settled"], batch_size=6)
+    store = WebhookStore(ledger)
+    await emit(ledger, "p1", 1, 6)  # one delivery of six events
+    await emit(ledger, "p1", 7, 1)
+    (queue,) = await store.lease("a", heads=1, batch=10, lease_for=LEASE)
+    assert numbers(queue) == [1, 2, 3, 4, 5, 6, 7]
+    first, last = queue
+    ids = [e.id for e in first.events]
+    # sent a message at a time (the batch size was lowered to 2): two got through
+    # before the lease ran short; b, which does not hold it, changes nothing
+    split = Progress(first.delivery_id, 200, tuple(ids[:4]), tuple(ids[4:]))
+    await store.settle("b", [], [], [first.delivery_id], [split])
+    await store.settle("a", [], [], [first.delivery_id, last.delivery_id], [split])
+    stats = await store.stats()
+    assert (stats.pending, stats.delivered, stats.failing) == (3, 4, 0)
+    (queue,) = await store.lease("b", heads=1, batch=10, lease_for=LEASE)
+    assert numbers(queue) == [5, 6, 7]
+    assert queue[0].delivery_id == first.delivery_id and queue[0].attempts == 0
+    assert queue[0].retry_from == first.retry_from
+    # the next message fails after one more got through: the rest waits for its retry
+    rest = queue[0]
+    later = datetime.now(UTC) + timedelta(hours=1)
+    split = Progress(rest.delivery_id, 204, (ids[4],), (ids[5],))
+    await store.settle("b", [], [Failure(rest.delivery_id, 500, "HTTP 500", later)], [], [split])
+    stats = await store.stats()
+    assert (stats.pending, stats.delivered, stats.failing) == (2, 5, 1)
+    async with ledger.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                sa.select(
+                    webhook_deliveries.c.status,
+                    webhook_deliveries.c.event_id,
+                    webhook_deliveries.c.more_event_ids,
+                    webhook_deliveries.c.event_count,
+                    webhook_deliveries.c.attempts,
+                    webhook_deliveries.c.last_status,
+                )
+                .where(webhook_deliveries.c.event_id.in_(ids))
+                .order_by(webhook_deliveries.c.id)
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("pending", ids[5], None, 1, 1, 500),
+        ("delivered", ids[0], ",".join(ids[1:4]), 4, 1, 200),
+        ("delivered", ids[4], None, 1, 1, 204),
+    ]

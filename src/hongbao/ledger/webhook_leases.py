@@ -17,12 +17,22 @@ whose lease ran out and was taken over changes nothing.
 
 A queue whose batch was delivered leases its next deliveries in the transaction that
 settles it (`settle_and_lease_next`), under the same rules: only from its first pending
-delivery, and only while that one is due and nobody holds it.
+delivery, and only while that one is due, nobody holds it and no other transaction
+locks it (a dispatcher choosing its heads may be about to lease it).
+
+A delivery of more events than its endpoint's `batch_size` (lowered since it was queued)
+goes out in several messages; when a dispatcher stops part way through one (its lease
+running short, a failure), settling splits the events that got through off into a
+delivered delivery of their own, and the delivery keeps the rest, its place in its
+queue and its retry window (`Progress`).
+
+Lists of delivery ids go to the database `IN_LIST` at a time (`_parts`): SQLite binds at
+most 32,766 variables a statement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,12 +45,15 @@ from hongbao.ledger.webhook_records import (
     EndpointRecord,
     Failure,
     LeasedDelivery,
+    Progress,
     QueuedEvent,
     endpoint_from_row,
 )
 
 _D = webhook_deliveries
 _E = webhook_endpoints
+#: delivery ids per IN (...) list (see `_parts`)
+IN_LIST = 10_000
 
 
 async def lease(
@@ -97,10 +110,10 @@ async def _lease(
         return []
     queues = await _queues(conn, now, heads, size)
     ids = [d.delivery_id for queue in queues for d in queue]
-    if ids:
+    for part in _parts(conn, ids):
         await conn.execute(
             _D.update()
-            .where(among(conn, _D.c.id, ids))
+            .where(among(conn, _D.c.id, part))
             .values(leased_until=now + lease_for, leased_by=owner)
         )
     return queues
@@ -112,66 +125,133 @@ async def settle(
     delivered: Sequence[tuple[int, int]],
     failures: Sequence[Failure],
     released: Sequence[int],
+    progress: Sequence[Progress] = (),
 ) -> None:
     """Record what `owner` did with deliveries it leased: `delivered` (id, HTTP status),
-    failed attempts, and deliveries it gives back unsent (rows it no longer holds stay as
-    they are)."""
+    failed attempts, deliveries it gives back unsent, and the events a delivery sent in
+    part got through (`progress`; the delivery is also among the failed or given back).
+    Rows it no longer holds stay as they are."""
     now = utcnow()
     mine = _D.c.leased_by == owner
+    for part_sent in progress:
+        await _split(conn, owner, now, part_sent)
     by_status: dict[int, list[int]] = {}
     for delivery_id, status in delivered:
         by_status.setdefault(status, []).append(delivery_id)
     for status, ids in sorted(by_status.items()):
-        await conn.execute(
-            _D.update()
-            .where(among(conn, _D.c.id, ids), mine)
-            .values(
-                status="delivered",
-                delivered_at=now,
-                attempts=_D.c.attempts + 1,
-                last_status=status,
-                last_error=None,
-                leased_until=None,
-                leased_by=None,
+        for part in _parts(conn, ids):
+            await conn.execute(
+                _D.update()
+                .where(among(conn, _D.c.id, part), mine)
+                .values(
+                    status="delivered",
+                    delivered_at=now,
+                    attempts=_D.c.attempts + 1,
+                    last_status=status,
+                    last_error=None,
+                    leased_until=None,
+                    leased_by=None,
+                )
             )
-        )
+    # the deliveries of a failed message share its outcome: one UPDATE per outcome
+    by_outcome: dict[tuple[datetime | None, int | None, str], list[int]] = {}
     for failure in failures:
-        retry = failure.next_attempt_at
-        await conn.execute(
-            _D.update()
-            .where(_D.c.id == failure.delivery_id, mine)
-            .values(
-                status="pending" if retry is not None else "parked",
-                attempts=_D.c.attempts + 1,
-                next_attempt_at=to_db(retry) if retry is not None else _D.c.next_attempt_at,
-                last_status=failure.status,
-                last_error=failure.error[:300],
-                leased_until=None,
-                leased_by=None,
+        outcome = (failure.next_attempt_at, failure.status, failure.error[:300])
+        by_outcome.setdefault(outcome, []).append(failure.delivery_id)
+    for (retry, answer, error), ids in by_outcome.items():
+        for part in _parts(conn, ids):
+            await conn.execute(
+                _D.update()
+                .where(among(conn, _D.c.id, part), mine)
+                .values(
+                    status="pending" if retry is not None else "parked",
+                    attempts=_D.c.attempts + 1,
+                    next_attempt_at=to_db(retry) if retry is not None else _D.c.next_attempt_at,
+                    last_status=answer,
+                    last_error=error,
+                    leased_until=None,
+                    leased_by=None,
+                )
             )
-        )
-    if released:
+    for part in _parts(conn, list(released)):
         await conn.execute(
             _D.update()
-            .where(among(conn, _D.c.id, list(released)), mine)
+            .where(among(conn, _D.c.id, part), mine)
             .values(leased_until=None, leased_by=None)
         )
 
 
-async def _subject_head(conn: AsyncConnection, endpoint_id: str, subject: str) -> int | None:
-    """The id of the first pending delivery of (endpoint, subject), locked (the next one
-    if another dispatcher locks it); `_queues` leases from it only if it is the first,
-    due and unleased. One index probe: the due and lease conditions are left out, since
-    SQLite would rather walk every due delivery in `ix_deliveries_due` to apply them."""
-    query = (
-        sa.select(_D.c.id)
-        .where(_D.c.status == "pending", _D.c.endpoint_id == endpoint_id, _D.c.subject == subject)
-        .order_by(_D.c.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
+async def _split(conn: AsyncConnection, owner: str, now: datetime, progress: Progress) -> None:
+    """Split the events a delivery got through off into a new delivered delivery; the
+    delivery keeps the others, and its place in its queue, retry window and lease (the
+    caller settles it as failed or given back). Nothing if `owner` no longer holds it
+    or it no longer starts with those events."""
+    rest, sent = progress.rest, progress.delivered
+    kept = await conn.execute(
+        _D.update()
+        .where(_D.c.id == progress.delivery_id, _D.c.leased_by == owner, _D.c.event_id == sent[0])
+        .values(event_id=rest[0], more_event_ids=",".join(rest[1:]) or None, event_count=len(rest))
     )
-    head = await conn.scalar(query)
-    return None if head is None else int(head)
+    if kept.rowcount != 1:
+        return
+    row = (
+        await conn.execute(
+            sa.select(
+                _D.c.endpoint_id,
+                _D.c.subject,
+                _D.c.attempts,
+                _D.c.next_attempt_at,
+                _D.c.created_at,
+                _D.c.requeued_at,
+            ).where(_D.c.id == progress.delivery_id)
+        )
+    ).one()
+    await conn.execute(
+        _D.insert().values(
+            endpoint_id=row.endpoint_id,
+            event_id=sent[0],
+            more_event_ids=",".join(sent[1:]) or None,
+            event_count=len(sent),
+            subject=row.subject,
+            status="delivered",
+            attempts=row.attempts + 1,
+            next_attempt_at=row.next_attempt_at,
+            last_status=progress.status,
+            delivered_at=now,
+            created_at=row.created_at,
+            requeued_at=row.requeued_at,
+        )
+    )
+
+
+def _parts(conn: AsyncConnection, ids: Sequence[int]) -> Iterable[Sequence[int]]:
+    """`ids` in lists for `among`, each bound within one statement's limit: all at once
+    on PostgreSQL, which binds them as one array, else `IN_LIST` at a time (SQLite
+    binds at most 32,766 variables a statement as built upstream, and a lease of a long
+    backlog, or a settle of many queues together, names more deliveries than that)."""
+    if conn.dialect.name == "postgresql":
+        return [ids] if ids else []
+    return chunks(ids, IN_LIST)
+
+
+async def _subject_head(conn: AsyncConnection, endpoint_id: str, subject: str) -> int | None:
+    """The id of the first pending delivery of (endpoint, subject), locked; None if
+    there is none, or if another transaction locks it (a dispatcher choosing its heads
+    may lease it): the queue then waits for a poll, never flows on from a later
+    delivery past it. `_queues` leases from it only if it is due and unleased. Two index
+    probes (one on SQLite, whose writers hold the whole database): the first unlocked
+    pending delivery, then whether an earlier one waits; the due and lease conditions
+    are left out, since SQLite would rather walk every due delivery in
+    `ix_deliveries_due` to apply them."""
+    queue = (_D.c.status == "pending", _D.c.endpoint_id == endpoint_id, _D.c.subject == subject)
+    query = sa.select(_D.c.id).where(*queue).order_by(_D.c.id).limit(1)
+    head = await conn.scalar(query.with_for_update(skip_locked=True))
+    if head is None or conn.dialect.name == "sqlite":
+        return None if head is None else int(head)  # SQLite locks no row: head is first
+    # SKIP LOCKED passed over any earlier pending delivery that another transaction
+    # locks; this read does not lock, so it sees that one still pending
+    earlier = await conn.scalar(sa.select(_D.c.id).where(*queue, _D.c.id < head).limit(1))
+    return int(head) if earlier is None else None
 
 
 def _queue_heads() -> sa.CTE:

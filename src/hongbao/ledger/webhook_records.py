@@ -70,6 +70,21 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """A leased delivery sent in part: its first events went out in messages the
+    receiver took (the last answered `status`), the others did not. Settling splits the
+    delivered ones off into a delivered delivery of their own, so the next lease sends
+    from the first event not taken."""
+
+    delivery_id: int
+    status: int
+    #: the ids of the events the receiver took, in order
+    delivered: tuple[str, ...]
+    #: the ids of the others, in order
+    rest: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DeliveryRow:
     """A delivery as the operator's commands show it."""
 

@@ -25,6 +25,7 @@ from hongbao.ledger.webhook_records import (
     EndpointRecord,
     Failure,
     LeasedDelivery,
+    Progress,
     QueueStats,
     endpoint_from_row,
 )
@@ -218,9 +219,12 @@ class WebhookStore:
         delivered: Sequence[tuple[int, int]],
         failures: Sequence[Failure],
         released: Sequence[int],
+        progress: Sequence[Progress] = (),
     ) -> None:
         """Record what a dispatcher did with deliveries it leased: `delivered` (id, HTTP
-        status), failed attempts, and deliveries it gives back unsent."""
+        status), failed attempts, deliveries it gives back unsent, and the events that
+        got through of a delivery sent in part (see
+        hongbao.ledger.webhook_leases.settle)."""
         await self.ledger.transaction(
             partial(
                 leases.settle,
@@ -228,6 +232,7 @@ class WebhookStore:
                 delivered=delivered,
                 failures=failures,
                 released=released,
+                progress=progress,
             )
         )
 
@@ -332,7 +337,9 @@ class WebhookStore:
     async def retry(self, delivery_id: int | None = None) -> int:
         """Put a parked or failing delivery (None: every one) back in the queue, due now,
         with a fresh retry window; returns how many. A delivery of a disabled endpoint
-        stays parked until the endpoint is enabled again."""
+        stays parked until the endpoint is enabled again, and one a dispatcher holds (a
+        failing delivery it leased again and may be sending) is left to it: clearing
+        that lease would let another dispatcher send the same delivery at once."""
 
         async def work(conn: AsyncConnection) -> int:
             now = utcnow()
@@ -340,6 +347,7 @@ class WebhookStore:
             query = _D.update().where(
                 _FAILED,
                 _D.c.endpoint_id.in_(enabled.scalar_subquery()),
+                sa.or_(_D.c.leased_until.is_(None), _D.c.leased_until < now),
             )
             if delivery_id is not None:
                 query = query.where(_D.c.id == delivery_id)

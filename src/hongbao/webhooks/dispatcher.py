@@ -29,6 +29,16 @@ value so that receivers coming back are not hit by every dispatcher at once; the
 of the queue waits behind it. A delivery still failing `webhook_retry_seconds` after its
 event is parked (`hongbao webhooks failed`, `retry`). A receiver answering 410 Gone
 disables its endpoint: it receives nothing more, and its pending deliveries are parked.
+Before each message a dispatcher checks that the endpoint still receives, as read at
+most `ENDPOINT_RECHECK` seconds before (by the lease, or again): a lease in hand of an
+endpoint an admin deleted, or another dispatcher disabled, stops within that.
+
+A delivery queued for a larger `batch_size` than its endpoint has now goes out in
+several messages. A lease that stops part way through it (running short with a slow
+receiver, a failure) records the events that got through, split off as a delivered
+delivery, and the next lease goes on from the first one not taken: a delivery that
+needs more messages than fit in one lease is delivered over several, not started again
+at each.
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ import aiohttp
 from hongbao.errors import StorageError
 from hongbao.ledger import SqlLedger
 from hongbao.ledger.outbox import timestamp
-from hongbao.ledger.webhook_records import EndpointRecord, Failure, LeasedDelivery
+from hongbao.ledger.webhook_records import EndpointRecord, Failure, LeasedDelivery, Progress
 from hongbao.ledger.webhook_store import WebhookStore
 from hongbao.settings import Settings
 from hongbao.webhooks.endpoints import MAX_BATCH_SIZE, AllowedHosts
@@ -73,6 +83,9 @@ LEASE_MESSAGES = 50
 FIRST_RETRY = 1.0
 #: a dispatcher starts no send that could outlast its lease by less than this, seconds
 LEASE_MARGIN = 5.0
+#: a dispatcher sends to an endpoint only while it has seen it enabled within this many
+#: seconds: a deleted or disabled endpoint gets no more of the lease in hand after that
+ENDPOINT_RECHECK = 1.0
 USER_AGENT = "hongbao-webhooks/1"
 #: bytes of a receiver's answer read (and dropped) so its connection serves the next send;
 #: a longer answer closes the connection
@@ -89,13 +102,16 @@ def lease_seconds(settings: Settings) -> float:
 @dataclass(slots=True)
 class BatchOutcome:
     """What became of a leased batch: delivered (id, HTTP status), the events they
-    carried, the failed attempt, the deliveries given back unsent, why the endpoint is
-    gone (410), and whether every delivery got through."""
+    carried, the failed attempt, the deliveries given back unsent, the events that got
+    through of one sent in part, why the endpoint is gone (410), and whether every
+    delivery got through."""
 
     delivered: list[tuple[int, int]] = field(default_factory=list)
     events: int = 0
     failures: list[Failure] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
+    #: the events that got through of a delivery sent in part
+    progress: list[Progress] = field(default_factory=list)
     gone: str | None = None
     complete: bool = False
 
@@ -132,6 +148,8 @@ class Dispatcher:
         self.failed = 0
         self._stop = asyncio.Event()
         self._continuations = _Continuations(self)
+        #: endpoint id -> (time.monotonic() when read, whether it still receives)
+        self._receiving: dict[str, tuple[float, bool]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
@@ -203,10 +221,17 @@ class Dispatcher:
     async def _finish(self, endpoint: EndpointRecord, outcome: BatchOutcome) -> None:
         """Settle the last batch of a queue; disable its endpoint if it is gone."""
         settle = partial(
-            self.store.settle, self.owner, outcome.delivered, outcome.failures, outcome.released
+            self.store.settle,
+            self.owner,
+            outcome.delivered,
+            outcome.failures,
+            outcome.released,
+            outcome.progress,
         )
         await self.retrying(settle, None)
         if outcome.gone is not None:
+            # this dispatcher's other queues to it stop before their next message
+            self._receiving[endpoint.id] = (time.monotonic(), False)
             log.warning(
                 "webhooks: endpoint %s (%s) disabled: %s", endpoint.id, endpoint.url, outcome.gone
             )
@@ -217,23 +242,36 @@ class Dispatcher:
     async def send_batch(
         self, client: aiohttp.ClientSession, queue: list[LeasedDelivery], leased_at: float
     ) -> BatchOutcome:
-        """Send a leased batch in order, stopping at the first failure, or before a send
-        that could outlast the lease."""
+        """Send a leased batch in order, stopping at the first failure, before a send
+        that could outlast the lease, or once the endpoint is deleted or disabled.
+
+        A delivery of more events than the endpoint's `batch_size` (lowered since it was
+        queued) goes out in several messages. When it stops part way, the events that
+        got through are recorded (`Progress`), so the next lease sends from the first
+        one not taken: a delivery needing more messages than fit in one lease (a slow
+        receiver) still gets through, a lease at a time, rather than starting over."""
         outcome = BatchOutcome()
         lease_end = leased_at + self.lease_for.total_seconds()
         endpoint = queue[0].endpoint
         events = [e for d in queue for e in d.events]
         placed = spans(queue)
+        status = 0  # the last 2xx, of the messages before `start`
         for start, end in message_slices(placed, endpoint.batch_size):
             left = lease_end - time.monotonic()
-            if self._stop.is_set() or left < self.settings.webhook_timeout + LEASE_MARGIN:
+            if (
+                self._stop.is_set()
+                or left < self.settings.webhook_timeout + LEASE_MARGIN
+                or not await self.receiving(endpoint, leased_at)
+            ):
                 outcome.released = [d.delivery_id for d, _, e in placed if e > start]
+                outcome.progress = _progress(placed, start, status)
                 return outcome
             carried = events[start:end]
             message_id, body = message(carried, endpoint.batch_size)
             attempt = await self.send(client, endpoint, message_id, body)
             if attempt.delivered:
                 assert attempt.status is not None
+                status = attempt.status
                 outcome.events += len(carried)
                 # a delivery is delivered with the message that carries its last event
                 outcome.delivered.extend(
@@ -253,6 +291,7 @@ class Dispatcher:
                 for d, retry in zip(touched, retries, strict=True)
             )
             outcome.released = [d.delivery_id for d, b, _ in placed if b >= end]
+            outcome.progress = _progress(placed, start, status)
             retry = next((r for r in retries if r is not None), None)
             log.info(
                 "webhooks: %s to %s failed (%s); %s",
@@ -283,6 +322,28 @@ class Dispatcher:
             reason = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "")
             return Attempt(None, f"{type(exc).__name__}: {reason}".strip().rstrip(":"))
 
+    async def receiving(self, endpoint: EndpointRecord, leased_at: float) -> bool:
+        """Whether `endpoint` still receives (neither deleted nor disabled), as read at
+        most `ENDPOINT_RECHECK` seconds ago: by the lease (at `leased_at` or after), by
+        this check, or as this dispatcher disabled it. A database that cannot be read
+        leaves the last answer standing."""
+        now = time.monotonic()
+        seen = self._receiving.get(endpoint.id)
+        if seen is None or seen[0] < leased_at:
+            seen = (leased_at, endpoint.enabled)
+        if now - seen[0] >= ENDPOINT_RECHECK:
+            try:
+                found = await self.store.endpoint(endpoint.id)
+            except StorageError as exc:
+                log.warning("webhooks: cannot read endpoint %s: %s", endpoint.id, exc)
+                seen = (now, seen[1])  # asked again after as long, not at every message
+            else:
+                seen = (now, found is not None and found.enabled)
+        self._receiving[endpoint.id] = seen
+        if not seen[1]:
+            log.info("webhooks: endpoint %s is gone or disabled; its sends stop", endpoint.id)
+        return seen[1]
+
     def retry_at(self, delivery: LeasedDelivery) -> datetime:
         """The backoff after the delivery's failed attempt: from now, doubling with each
         attempt up to `webhook_max_backoff`, drawn between half and all of it."""
@@ -311,6 +372,23 @@ class Dispatcher:
                 log.warning("webhooks: cannot record deliveries yet: %s", exc)
             await asyncio.sleep(wait)
             wait = min(wait * 2, 5.0)
+
+
+def _progress(
+    placed: list[tuple[LeasedDelivery, int, int]], start: int, status: int
+) -> list[Progress]:
+    """The delivery the queue's events before `start` end inside, if any, with the
+    events of it they hold: they went out in messages answered 2xx (the last `status`)."""
+    return [
+        Progress(
+            d.delivery_id,
+            status,
+            tuple(e.id for e in d.events[: start - b]),
+            tuple(e.id for e in d.events[start - b :]),
+        )
+        for d, b, e in placed
+        if b < start < e
+    ]
 
 
 async def _drain(answer: aiohttp.ClientResponse) -> None:
