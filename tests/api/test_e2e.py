@@ -22,6 +22,7 @@ from tests.api.serving import (
     Serve,
     audit,
     clean_env,
+    command,
     connections_by_pid,
     run_cli,
     separate_worker,
@@ -571,5 +572,84 @@ def test_serve_killed_leaves_nothing_running_and_its_next_run_settles_at_once(
         while (found := asyncio.run(ledger_claims(data_dir, packet_id))) != acked:
             assert time.monotonic() - started < 3, f"{len(acked) - len(found)} grabs missing"
             time.sleep(0.05)
+        stop_cleanly(again)
+    assert audit(data_dir) == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_to_serve_and_its_valkey_at_once_stops_cleanly(
+    tmp_path: Path, workers: str
+) -> None:
+    """systemd's default KillMode=control-group signals every process of the service:
+    the embedded server exits with serve, and is not restarted meanwhile."""
+    data_dir = tmp_path / "data"
+    server = Serve(data_dir, None, "--workers", workers)
+    with server:
+        _send_grab_expire(server)
+        [valkey] = [int(line.split()[0]) for line in servers_for(data_dir)]
+        assert server.proc is not None
+        os.kill(valkey, signal.SIGTERM)
+        os.kill(server.proc.pid, signal.SIGTERM)
+        assert server.proc.wait(60) == 0, server.log()
+        words = " ".join(server.log().split())  # Rich wraps the lines
+        assert "restarting it" not in words and "is back" not in words, words
+        assert "Traceback" not in words, words
+        no_server_left(data_dir)
+    assert audit(data_dir) == []
+
+
+def test_a_fresh_serve_after_a_crash_puts_back_what_its_valkey_lost(tmp_path: Path) -> None:
+    """After a host crash the AOF may lack its last second while the ledger already holds
+    those claims: the next serve restores them from the ledger before it serves, so no
+    share is granted twice."""
+    import redis
+
+    from hongbao.keys import PacketKeys
+
+    data_dir = tmp_path / "data"
+    crashed = Serve(data_dir, launcher=["setsid", *command()])
+    with crashed:
+        [admin] = crashed.tokens("admin", admin=True)
+        sender, alice, bob = crashed.tokens("sender", "alice", "bob")
+        with httpx.Client(base_url=crashed.url, timeout=30) as client:
+            r = client.post(
+                "/v1/wallets/sender/deposits", json={"amount": 200}, headers=auth(admin)
+            )
+            assert r.status_code == 201, r.text
+            r = client.post(
+                "/v1/packets",
+                json={"total_amount": 200, "count": 2, "mode": "equal"},
+                headers=auth(sender),
+            )
+            packet_id = r.json()["id"]
+            r = client.post(f"/v1/packets/{packet_id}/grab", headers=auth(alice))
+            assert r.status_code == 200 and r.json()["seq"] == 1, r.text
+            claim = r.json()
+        deadline = time.monotonic() + 20
+        while asyncio.run(ledger_claims(data_dir, packet_id)) != {"alice": 100}:
+            assert time.monotonic() < deadline, crashed.log()
+            time.sleep(0.1)
+        # the AOF's last second lost: Redis forgets alice's claim, the share is back
+        keys = PacketKeys.of(packet_id, 16)
+        url = f"unix://{data_dir}/redis/valkey.sock?db=0"
+        with redis.Redis.from_url(url) as r:
+            assert r.hdel(keys.claims, "alice") == 1
+            r.lpush(keys.shares, str(0 * 2**32 + 100))
+            r.hincrby(keys.meta, "left", 100)
+            r.execute_command("WAITAOF", 1, 0, 2000)
+        [valkey] = [int(line.split()[0]) for line in servers_for(data_dir)]
+        assert crashed.proc is not None
+        os.killpg(crashed.proc.pid, signal.SIGKILL)  # the host goes down: serve and
+        os.kill(valkey, signal.SIGKILL)  # its server at once, nothing shut down cleanly
+        crashed.proc.wait(30)
+        no_server_left(data_dir)
+
+    again = Serve(data_dir)
+    with again:
+        with httpx.Client(base_url=again.url, timeout=30) as client:
+            r = client.post(f"/v1/packets/{packet_id}/grab", headers=auth(bob))
+            assert r.status_code == 200 and r.json()["seq"] == 2, r.text
+            r = client.post(f"/v1/packets/{packet_id}/grab", headers=auth(alice))
+            assert r.json() == {**claim, "first": False}, r.text
         stop_cleanly(again)
     assert audit(data_dir) == []

@@ -339,3 +339,30 @@ def test_failing_binary_reports_its_log(data_dir: Path) -> None:
     assert not server.running
     with EmbeddedServer(data_dir) as working:  # the lock was released
         assert working.running
+
+
+def test_a_start_after_an_unclean_stop_asks_for_recovery_until_done(data_dir: Path) -> None:
+    """`recovery_pending`: the AOF may lack its last second unless the last run shut the
+    server down cleanly; it stays pending across runs that do not recover (an operator
+    command's) until `recovered`."""
+    server = EmbeddedServer(data_dir)
+    server.start()
+    assert server.recovery_pending  # a first start: nobody compared it with a ledger
+    server.recovered()
+    assert not server.recovery_pending
+    server.stop()
+    server.start()
+    assert not server.recovery_pending  # after a clean stop
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # a crash
+    while server.running:
+        time.sleep(0.02)
+    server.stop()
+    server.start()
+    assert server.recovery_pending
+    server.stop()  # clean, but nothing recovered: still pending
+    server.start()
+    assert server.recovery_pending
+    server.recovered()
+    server.stop()

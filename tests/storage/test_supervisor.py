@@ -138,3 +138,102 @@ def test_a_failed_repair_counts_as_a_failed_restart(tmp_path: Path) -> None:
         assert len(attempts) == 3 and server.running
     finally:
         watch.stop()
+
+
+def test_a_restart_that_raises_an_os_error_counts_as_failed_and_stops_serve(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart step that fails with a plain OSError (here the config file cannot be
+    written: a folder took its name; ENOMEM on fork or a full disk alike) is a failed
+    restart like any other: retried, then serve is told to stop."""
+    server = EmbeddedServer(tmp_path / "data")
+    server.start()
+    gave_up = GiveUp()
+    watch = Supervisor(server, gave_up)
+    watch.start()
+    try:
+        server.config_path.unlink()
+        server.config_path.mkdir()
+        pid = server.pid
+        assert pid is not None
+        with caplog.at_level(logging.ERROR, "hongbao.embedded"):
+            os.kill(pid, signal.SIGKILL)
+            assert gave_up.called.wait(30)
+        assert watch.gave_up and watch.restarts == 0
+        failures = [r for r in caplog.records if r.getMessage().startswith("restart ")]
+        assert len(failures) == supervision.MAX_FAILURES
+        assert all(r.exc_info is not None for r in failures)  # logged with the traceback
+        assert "IsADirectoryError" in caplog.text
+    finally:
+        watch.stop()
+    assert not server.running
+
+
+def test_a_restart_that_raises_once_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = EmbeddedServer(tmp_path / "data")
+    server.start()
+    launch = server._launch
+    calls: list[Path] = []
+
+    def out_of_memory_once(binary: Path, socket_path: Path) -> None:
+        calls.append(socket_path)
+        if len(calls) == 1:
+            raise OSError(12, "Cannot allocate memory")
+        launch(binary, socket_path)
+
+    monkeypatch.setattr(server, "_launch", out_of_memory_once)
+    gave_up = GiveUp()
+    watch = Supervisor(server, gave_up)
+    watch.start()
+    try:
+        pid = server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: watch.restarts == 1)
+        assert len(calls) == 2 and server.running and not gave_up.called.is_set()
+    finally:
+        watch.stop()
+    assert not server.running
+
+
+def test_a_server_stopped_together_with_serve_is_not_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """systemd's KillMode=control-group sends SIGTERM to serve and its server at once:
+    the server may exit before serve's handler says that serve stops."""
+    server = EmbeddedServer(tmp_path / "data")
+    server.start()
+    gave_up = GiveUp()
+    watch = Supervisor(server, gave_up)
+    watch.start()
+    try:
+        pid = server.pid
+        assert pid is not None
+        with caplog.at_level(logging.INFO, "hongbao.embedded"):
+            os.kill(pid, signal.SIGTERM)
+            wait_for(lambda: not server.running)
+            time.sleep(0.3)  # serve's own SIGTERM handler runs a moment later
+            watch.shutting_down()
+            time.sleep(supervision.STOP_GRACE + 0.5)
+        assert watch.restarts == 0 and not server.running and not gave_up.called.is_set()
+        messages = " ".join(r.getMessage() for r in caplog.records)
+        assert "restarting it" not in messages and "leaving it stopped" in messages
+    finally:
+        watch.stop()
+
+
+def test_a_server_that_exits_cleanly_on_its_own_is_restarted(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "data")
+    server.start()
+    watch = Supervisor(server, GiveUp())
+    watch.start()
+    try:
+        pid = server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)  # nobody stops serve: the server comes back
+        wait_for(lambda: watch.restarts == 1)
+        assert server.running and server.pid != pid
+    finally:
+        watch.stop()

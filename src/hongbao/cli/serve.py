@@ -10,13 +10,14 @@ import shutil
 import signal
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from hongbao.cli.options import (
     DEFAULT_DATA_DIR,
@@ -294,15 +295,23 @@ def serve(
             check_port_free(host, port)
             listener = None
     stop_requested: list[int] = []
+    supervisor: Supervisor | None = None
+
+    def stopping() -> None:
+        """A stop was asked for (a signal handler's first step): an embedded server that
+        exits from now on, e.g. signalled with serve by systemd, is not restarted."""
+        if supervisor is not None:
+            supervisor.shutting_down()
 
     def note(sig: int, frame: FrameType | None) -> None:
+        stopping()
         stop_requested.append(sig)
 
     def stop_now(sig: int, frame: FrameType | None) -> None:
+        stopping()
         raise _Stop
 
     previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
-    supervisor: Supervisor | None = None
     background: BackgroundWorkers | None = None
     metrics_dir: Path | None = None
     try:
@@ -313,6 +322,8 @@ def serve(
             if embedded:
                 supervisor = _start_embedded(data_dir, settings)
         _check_connect(settings)
+        if supervisor is not None and supervisor.server.recovery_pending:
+            _recover_at_start(settings, supervisor)
         for s in previous:
             signal.signal(s, stop_now)
         if stop_requested:
@@ -324,7 +335,8 @@ def serve(
             else f"redis {safe_url(settings.redis_url)}, database {safe_url(settings.database_url)}"
         )
         err.print(
-            f"[bold green]hongbao[/] serving on [bold]http://{where}:{port}[/]  ({backing})",
+            f"[bold green]hongbao[/] serving on [bold]{escape(f'http://{where}:{port}')}[/]"
+            f"  ({escape(backing)})",
             markup=True,
             soft_wrap=True,
         )
@@ -338,7 +350,9 @@ def serve(
                 demo_mode=demo,
                 metrics_address=metrics_address,
             )
-            _run_uvicorn(app, listener, host, port, log_level.lower(), access_log, proxies)
+            _run_uvicorn(
+                app, listener, host, port, log_level.lower(), access_log, proxies, stopping
+            )
         else:
             metrics_dir = workers_folder(data_dir)
             os.environ.update(
@@ -357,10 +371,13 @@ def serve(
                 background = BackgroundWorkers(settings)
                 background.start()
             nice = settings.worker_nice if persister else 0
-            _run_workers(host, port, log_level.lower(), access_log, proxies, workers, nice)
+            _run_workers(
+                host, port, log_level.lower(), access_log, proxies, workers, nice, stopping
+            )
     except _Stop:
         pass
     finally:
+        stopping()
         for s in previous:
             signal.signal(s, signal.SIG_IGN)  # a second ^C must not interrupt the cleanup
         try:
@@ -406,6 +423,22 @@ def _start_embedded(data_dir: Path, settings: Settings) -> Supervisor:
     return supervisor
 
 
+def _recover_at_start(settings: Settings, supervisor: Supervisor) -> None:
+    """Put back into the embedded server what the ledger holds and the server lost, when
+    its last run did not stop it cleanly (a power loss may have cut the AOF's last second
+    while the ledger kept those claims): before the API starts, so no grab sees the gap."""
+    from hongbao.serving.supervisor import recover_from_ledger
+
+    try:
+        recover_from_ledger(settings)(settings.redis_url)
+    except (ConfigurationError, InvalidRequest) as exc:
+        fail(str(exc), 2)
+    except Exception as exc:
+        fail(f"cannot start: recovering the embedded Redis server from the ledger: {exc}", 1)
+    with contextlib.suppress(OSError):  # the next start recovers once more
+        supervisor.server.recovered()
+
+
 def _run_uvicorn(
     app: Starlette,
     listener: socket.socket,
@@ -414,14 +447,16 @@ def _run_uvicorn(
     level: str,
     access_log: bool,
     proxies: list[str],
+    on_signal: Callable[[], None],
 ) -> None:
-    """One API process: uvicorn on the socket bound at the start."""
+    """One API process: uvicorn on the socket bound at the start; `on_signal` runs first
+    when SIGTERM or SIGINT asks it to stop."""
     import uvicorn
 
-    from hongbao.serving.workers import uvicorn_options
+    from hongbao.serving.workers import Server, uvicorn_options
 
     options = uvicorn_options(host, port, level, access_log, proxies)
-    server = uvicorn.Server(uvicorn.Config(app, **options))
+    server = Server(uvicorn.Config(app, **options), on_signal)
     server.run(sockets=[listener])
     if not server.started:
         fail("the API could not start (see the log above)", 1)
@@ -435,9 +470,11 @@ def _run_workers(
     proxies: list[str],
     workers: int,
     nice: int,
+    on_signal: Callable[[], None],
 ) -> None:
     """N API processes, each with the app built from the environment set above, `nice`
-    steps below this process (the persister's) in scheduling priority."""
+    steps below this process (the persister's) in scheduling priority; `on_signal` runs
+    first when SIGTERM or SIGINT asks them to stop."""
     from hongbao.serving.workers import serve_workers, uvicorn_options
 
     options = {
@@ -445,9 +482,9 @@ def _run_workers(
         "factory": True,
     }
     with friendly_errors():
-        code = serve_workers("hongbao.app:app_from_env", workers, options, nice)
+        code = serve_workers("hongbao.app:app_from_env", workers, options, nice, on_signal)
     if code:
-        fail("a worker could not start (see its log above)", code)
+        fail("the API workers could not be started or kept running (see the log above)", code)
 
 
 # -- worker -----------------------------------------------------------------------------------

@@ -9,7 +9,11 @@
   the socket is 0700 in a 0700 folder, so no other local user can reach it (a forged
   grant on a bucket stream would be paid out by the persister);
 - ``server.pid`` (the server's pid), ``server.log`` (its stdout/stderr),
-- ``manager.lock`` (flock held by the live `EmbeddedServer` that owns the data dir).
+- ``manager.lock`` (flock held by the live `EmbeddedServer` that owns the data dir),
+- ``stopped-cleanly`` (written when `stop` shut the server down cleanly, removed at the
+  next start) and ``recovery-pending`` (written at a start that does not follow a clean
+  stop: the AOF may lack its last second of writes, which the ledger may hold; removed by
+  `recovered` once `hongbao serve` put back what the ledger holds).
 
 The server dies with the process that started it: Linux sends it SIGTERM (a clean
 shutdown: the AOF is flushed) when the thread that started it exits, however it exits
@@ -60,6 +64,11 @@ SOCKET_FILE = "valkey.sock"
 EMBEDDED_CONSUMER = "serve"
 #: the socket a restarted server listens on until it is ready to serve (see `restart`)
 PRIVATE_SOCKET_FILE = "recover.sock"
+#: marks a server that `stop` shut down cleanly, its AOF complete
+CLEAN_STOP_FILE = "stopped-cleanly"
+#: marks a server started after an unclean stop whose data was not yet checked against the
+#: ledger (see `EmbeddedServer.recovery_pending`)
+RECOVERY_FILE = "recovery-pending"
 SERVER_NAMES = ("valkey-server", "redis-server")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
@@ -120,6 +129,8 @@ class EmbeddedServer:
         self.pidfile = self.redis_dir / "server.pid"
         self.log_path = self.redis_dir / "server.log"
         self._lock_path = self.redis_dir / "manager.lock"
+        self._clean_stop = self.redis_dir / CLEAN_STOP_FILE
+        self._recovery = self.redis_dir / RECOVERY_FILE
         self._binary = binary
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
@@ -160,6 +171,18 @@ class EmbeddedServer:
         proc = self._proc
         return None if proc is None else proc.poll()
 
+    @property
+    def recovery_pending(self) -> bool:
+        """True when the server was started on files that no clean stop closed (a crash,
+        a power loss, a first start) and nobody checked them against the ledger since:
+        the AOF may lack the last second of writes (``appendfsync everysec``) while the
+        ledger already holds them."""
+        return self._recovery.exists()
+
+    def recovered(self) -> None:
+        """The server's data was checked against the ledger (`recovery_pending` ends)."""
+        _unlink_durably(self._recovery)
+
     def url_if_running(self) -> str | None:
         """The URL of this data folder's server when a live run already serves it (another
         `hongbao serve`), else None."""
@@ -195,6 +218,9 @@ class EmbeddedServer:
             self._acquire_lock()
             try:
                 self._clear_stale()
+                if not self._clean_stop.exists():
+                    _touch_durably(self._recovery)  # before the server can change anything
+                _unlink_durably(self._clean_stop)
                 self._launch(binary, self.socket_path)
             except BaseException:
                 self._release_lock()
@@ -245,9 +271,14 @@ class EmbeddedServer:
             proc, self._proc = self._proc, None
             try:
                 if proc is not None:
-                    if proc.poll() is None:
+                    running = proc.poll() is None
+                    if running:
                         _shutdown(self.socket_path)
                     _wait_child(proc, self._stop_timeout)
+                    if running and proc.returncode == 0:  # shut down cleanly: AOF complete
+                        # without the mark, the next start only recovers once more
+                        with contextlib.suppress(OSError):
+                            _touch_durably(self._clean_stop)
                     with contextlib.suppress(FileNotFoundError):
                         if _read_int(self.pidfile) == proc.pid:
                             self.pidfile.unlink()
@@ -351,8 +382,12 @@ class EmbeddedServer:
                 start_new_session=True,  # our stop() decides, not the terminal's ^C
                 preexec_fn=die_with_parent,  # two system calls: safe beside other threads
             )
-        _write_atomic(self.pidfile, f"{proc.pid}\n")
-        error = self._wait_ready(proc, socket_path)
+        try:
+            _write_atomic(self.pidfile, f"{proc.pid}\n")
+            error = self._wait_ready(proc, socket_path)
+        except BaseException:
+            _kill_child(proc)  # a server nobody holds would serve on with no supervisor
+            raise
         if error is None:
             self._proc = proc
             return
@@ -546,9 +581,37 @@ def _read_int(path: Path) -> int | None:
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp.replace(path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _touch_durably(path: Path) -> None:
+    """Create the empty file `path` (if missing), surviving a power loss once this returns."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    _sync_folder(path.parent)
+
+
+def _unlink_durably(path: Path) -> None:
+    """Remove `path` (if there), surviving a power loss once this returns."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _quote(path: Path) -> str:
