@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from hongbao.errors import ConfigurationError, HongbaoError, InvalidRequest
 
@@ -24,8 +25,9 @@ err = Console(stderr=True, highlight=False)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``error: message`` on stderr and exit with `code`."""
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    """Print ``error: message`` on stderr and exit with `code`. The message is plain text,
+    shown as it is: what a user typed (``[/x]``) is never read as Rich markup."""
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     raise typer.Exit(code)
 
 

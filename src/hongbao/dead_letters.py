@@ -12,7 +12,9 @@ An entry that must never be applied (garbage, or a refund the ledger rightly ref
 is resolved instead: `--resolve` moves it, with the operator's note, to the bucket's
 resolved stream, where it stays for the record and out of audit's list.
 
-Entries are named ``b<bucket>/<entry id>``, as the listing prints them.
+Entries are named ``b<bucket>/<entry id>``, as the listing prints them. A listing shows
+the first `LIMIT` entries and counts them all; ``--retry-all`` moves them all, a page at
+a time; a name given to ``--retry`` or ``--resolve`` must be among the listed ones.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hongbao.errors import InvalidRequest
 from hongbao.keys import bucket_of_key
 from hongbao.storage import RedisStore
 
-#: most entries listed or retried in one run
+#: most entries listed, or moved by one page of ``--retry-all``
 LIMIT = 10_000
 
 _REF = re.compile(r"b(\d+)/(\d+-\d+)")
@@ -64,14 +66,21 @@ def parse_ref(text: str, buckets: int) -> tuple[int, str]:
     return bucket, match[2]
 
 
-async def parked(store: RedisStore, limit: int = LIMIT) -> list[Parked]:
-    """The parked entries of every bucket, oldest first within a bucket."""
+async def parked(store: RedisStore, limit: int | None = None) -> list[Parked]:
+    """The first `limit` (default `LIMIT`) parked entries, bucket by bucket, oldest first
+    within a bucket."""
     out: list[Parked] = []
-    for event in await store.dead_letters(limit=limit):
+    for event in await store.dead_letters(limit=LIMIT if limit is None else limit):
         fields = dict(event.fields)
         reason, event_id = fields.pop("reason", ""), fields.pop("id", "")
         out.append(Parked(bucket_of_key(event.stream), event.id, reason, event_id, fields))
     return out
+
+
+async def count(store: RedisStore) -> int:
+    """How many entries are parked in all, listed or not."""
+    _, parked_entries = await store.stream_lengths()
+    return parked_entries
 
 
 async def retry(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[str, str | None]]:
@@ -80,10 +89,30 @@ async def retry(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[str
     Every name is checked before any entry moves: InvalidRequest names those that are
     malformed or not parked. Returns (name, new event id) per entry, the id None when
     the entry left its dead-letter stream meanwhile (another operator's move)."""
+    if refs is None:
+        return await _retry_all(store)
     return [
         (entry_name(bucket, entry_id), await store.retry_dead_letter(bucket, entry_id))
         for bucket, entry_id in await _targets(store, refs)
     ]
+
+
+async def _retry_all(store: RedisStore) -> list[tuple[str, str | None]]:
+    """Every parked entry back onto its event stream, `LIMIT` at a time: the moved ones
+    leave the front of their streams, so each page read from the front is the next one.
+    An entry a persister parks again meanwhile names as its event one of the ids this run
+    gave (it failed once more): it stays parked, for the listing."""
+    moved: list[tuple[str, str | None]] = []
+    ours: set[str] = set()  # the event ids this run put on the event streams
+    while True:
+        page = [p for p in await parked(store) if p.event_id not in ours]
+        if not page:
+            return moved
+        for entry in page:
+            new_id = await store.retry_dead_letter(entry.bucket, entry.entry_id)
+            moved.append((entry.ref, new_id))
+            if new_id is not None:
+                ours.add(new_id)
 
 
 async def resolve(
@@ -100,12 +129,10 @@ async def resolve(
     ]
 
 
-async def _targets(store: RedisStore, refs: Sequence[str] | None) -> list[tuple[int, str]]:
-    """(bucket, entry id) of each name, all parked; every parked entry for None."""
-    held = [(p.bucket, p.entry_id) for p in await parked(store)]
-    if refs is None:
-        return held  # in their order on each stream
+async def _targets(store: RedisStore, refs: Sequence[str]) -> list[tuple[int, str]]:
+    """(bucket, entry id) of each name, all parked (among the listed ones)."""
     targets = [parse_ref(ref, store.buckets) for ref in refs]
+    held = {(p.bucket, p.entry_id) for p in await parked(store)}
     unknown = [entry_name(b, i) for b, i in targets if (b, i) not in held]
     if unknown:
         raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing moved")

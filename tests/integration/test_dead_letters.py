@@ -183,3 +183,47 @@ async def test_cli_lists_retries_and_refuses_bad_input(service: Hongbao, redis_u
     assert code == 0 and f"{again.ref}: resolved" in text, text
     assert await dead_letters.parked(service.store) == []
     assert await service.store.client.xlen(resolved_key(entry.bucket)) == 1
+
+
+PARKED_FIELDS = {"reason": "malformed line", "id": "1-0", "k": "g", "p": "x", "c": "u nonsense"}
+
+
+async def test_retry_all_moves_every_entry_past_the_listing_limit(
+    service: Hongbao, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dead_letters, "LIMIT", 3)
+    for bucket, n in ((0, 5), (2, 2)):
+        for _ in range(n):
+            await service.store.client.xadd(dead_letter_key(bucket), PARKED_FIELDS)
+    assert len(await dead_letters.parked(service.store)) == 3
+    assert await dead_letters.count(service.store) == 7
+
+    moved = await dead_letters.retry(service.store, None)
+    assert len(moved) == 7 and all(new_id is not None for _, new_id in moved)
+    assert await dead_letters.count(service.store) == 0
+    assert [await service.store.client.xlen(events_key(b)) for b in (0, 2)] == [5, 2]
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_cli_counts_and_retries_more_entries_than_it_lists(
+    service: Hongbao, redis_url: str
+) -> None:
+    shown = dead_letters.LIMIT
+    pipe = service.store.client.pipeline(transaction=False)
+    for _ in range(shown):
+        pipe.xadd(dead_letter_key(0), PARKED_FIELDS)
+    for _ in range(5):
+        pipe.xadd(dead_letter_key(3), PARKED_FIELDS)
+    await pipe.execute()
+    env = {**clean_env(), "HONGBAO_BUCKETS": str(service.store.buckets)}
+
+    done = run_cli("dead-letters", "--redis-url", redis_url, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.count(": malformed line") == shown
+    assert f"dead-letter entries: {shown + 5} (the first {shown} listed)" in done.stdout
+
+    done = run_cli("dead-letters", "--redis-url", redis_url, "--retry-all", env=env, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert done.stdout.count(": back on the event stream") == shown + 5
+    assert done.stdout.rstrip().endswith("dead-letter entries: 0")
+    assert await service.store.client.xlen(events_key(3)) == 5

@@ -96,3 +96,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stdout + done.stderr
         assert words in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "none").exists()  # a statement creates no ledger
+
+
+def test_out_is_private_whatever_was_there_and_never_follows_a_link(tmp_path: Path) -> None:
+    done = run_cli("migrate", "--data-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    args = ["statement", "--date", "2026-11-26", "--data-dir", str(tmp_path)]
+
+    out = tmp_path / "statement.csv"
+    out.write_text("an older, longer statement\n" * 100)
+    out.chmod(0o644)  # readable by everyone: the statement must not stay so
+    done = run_cli(*args, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert out.read_text().startswith("reference,wallet,kind") and "older" not in out.read_text()
+
+    target = tmp_path / "elsewhere"
+    target.write_text("not yours\n")
+    target.chmod(0o644)
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    done = run_cli(*args, "--out", str(link))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"--out {link} is a symbolic link" in " ".join(done.stderr.split())
+    assert target.read_text() == "not yours\n" and stat.S_IMODE(target.stat().st_mode) == 0o644

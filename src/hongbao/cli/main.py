@@ -53,13 +53,9 @@ def bench(ctx: typer.Context) -> None:
     try:
         from hongbao_bench.command import main as run_bench
     except ImportError as exc:
-        from rich.markup import escape  # fail() prints Rich markup: keep [bench] as text
-
         fail(
-            escape(
-                f"hongbao bench needs the hongbao_bench package ({exc}): "
-                "install hongbao with its benchmark, pip install 'hongbao[bench]'"
-            )
+            f"hongbao bench needs the hongbao_bench package ({exc}): "
+            "install hongbao with its benchmark, pip install 'hongbao[bench]'"
         )
     run_bench(ctx.args, ctx.command_path)
 

@@ -10,9 +10,11 @@ after the fact shows. Exit 0 when the day adds up, 1 when it does not (saying wh
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
+import stat
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from hongbao.cli.ledger_work import existing_ledger_url
 from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir
 from hongbao.console import err, fail, friendly_errors, run_async
 
@@ -61,7 +64,7 @@ def statement(
         fail(f"--format must be one of {', '.join(FORMATS)}, not {output_format!r}")
     with friendly_errors():
         wanted = parse_day(day) if day is not None else datetime.now(UTC).date() - timedelta(days=1)
-        st = run_async(_read(wanted, _ledger_url(database_url, data_dir)))
+        st = run_async(_read(wanted, existing_ledger_url(database_url, data_dir)))
     text = (
         json.dumps(statement_json(st), ensure_ascii=False, indent=1) + "\n"
         if output_format == "json"
@@ -71,8 +74,7 @@ def statement(
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        with friendly_errors():
-            _write_private(out, text)
+        _write_private(out, text)
     _say_check(st)
     raise typer.Exit(0 if st.balanced else 1)
 
@@ -121,23 +123,29 @@ async def _read(day: date, url: str) -> Statement:
         await ledger.aclose()
 
 
-def _ledger_url(database_url: str | None, data_dir: Path) -> str:
-    """The ledger to read: `database_url`, or the data folder's SQLite file if it exists
-    (a statement never creates a ledger)."""
-    if database_url:
-        return database_url
-    from hongbao.serving.embedded import LEDGER_FILE, ledger_url
-
-    if not (data_dir / LEDGER_FILE).is_file():
-        fail(f"{data_dir} holds no ledger ({LEDGER_FILE}); give --database-url or --data-dir")
-    return ledger_url(data_dir)
-
-
 def _write_private(path: Path, text: str) -> None:
-    """Write `text` to `path`, created readable by its owner only (every wallet is in it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write `text` to `path`, readable by its owner only (every wallet is in it) whatever
+    mode a file there had. A symbolic link or anything but a regular file is refused
+    (exit 2), as is a file that cannot be made private; nothing is written then."""
+    try:
+        # no following a link; a FIFO with no reader fails here instead of blocking
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            fail(f"--out {path} is a symbolic link: give the file itself")
+        fail(f"--out {path}: {exc.strerror or exc}")
     with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                fail(f"--out {path} is not a regular file")
+            os.fchmod(fd, 0o600)  # before the old content goes: never readable by others
+        except OSError as exc:
+            fail(f"--out {path}: {exc.strerror or exc}")
+        with friendly_errors():
+            os.ftruncate(fd, 0)
+            f.write(text)
+            f.flush()
 
 
 def _say_check(st: Statement) -> None:

@@ -50,7 +50,7 @@ def migrate(
             raise
         except Exception as exc:
             fail(f"migration failed on {safe_url(url)}: {exc}", 1)
-    err.print(f"ledger {safe_url(url)} is up to date", style="green")
+    err.print(f"ledger {safe_url(url)} is up to date", style="green", markup=False)
 
 
 # -- audit, recover, dead letters ------------------------------------------------------------
@@ -223,7 +223,7 @@ def _dead_letters(
     note: str,
 ) -> int:
     """`hongbao dead-letters`: 0 when nothing is left parked, 1 otherwise."""
-    from hongbao.dead_letters import parked, resolve, retry
+    from hongbao.dead_letters import count, parked, resolve, retry
     from hongbao.serving.offline import run_offline
     from hongbao.storage import store_from_url
 
@@ -236,13 +236,15 @@ def _dead_letters(
                 moved = await retry(store, None if retry_all else retry_refs)
                 _report_moves(moved, "back on the event stream")
             left = await parked(store)
+            total = max(len(left), await count(store))
         finally:
             await store.aclose()
         for entry in left:
             fields = " ".join(f"{k}={v}" for k, v in entry.fields.items())
             print(f"{entry.ref} (event {entry.event_id}): {entry.reason}\n    {fields}")
-        print(f"dead-letter entries: {len(left)}")
-        return 1 if left else 0
+        shown = f" (the first {len(left)} listed)" if total > len(left) else ""
+        print(f"dead-letter entries: {total}{shown}")
+        return 1 if total else 0
 
     return run_offline(data_dir, redis_url, None, run)
 

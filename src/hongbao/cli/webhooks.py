@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from hongbao.cli.ledger_work import on_ledger
+from hongbao.cli.ledger_work import existing_ledger_url, on_ledger
 from hongbao.cli.options import DEFAULT_DATA_DIR, DatabaseUrl, DataDir, LogLevel, age_between
 from hongbao.console import err, fail, friendly_errors, run_async, setup_logging
 
@@ -152,7 +152,7 @@ def enable(
         return await store.enable_endpoint(endpoint_id)
 
     if _run(database_url, data_dir, work) is None:
-        fail(escape(f"no webhook endpoint {endpoint_id[:40]!r} (see hongbao webhooks list)"))
+        fail(f"no webhook endpoint {endpoint_id[:40]!r} (see hongbao webhooks list)")
     done = f"endpoint {endpoint_id} is enabled; hongbao webhooks retry-all sends its parked ones"
     err.print(escape(done), style="green", soft_wrap=True)
 
@@ -199,13 +199,13 @@ def dispatch(
     from hongbao.errors import StorageError
     from hongbao.ledger import SqlLedger
     from hongbao.ledger.webhook_store import WebhookStore
-    from hongbao.serving.embedded import ledger_url
     from hongbao.settings import Settings
     from hongbao.webhooks import Dispatcher
 
     setup_logging(log_level)
+    url = existing_ledger_url(database_url, data_dir.resolve())
     with friendly_errors():
-        settings = Settings.from_env(database_url=database_url or ledger_url(data_dir.resolve()))
+        settings = Settings.from_env(database_url=url)
 
     async def run() -> None:
         stop = asyncio.Event()
