@@ -122,8 +122,8 @@ def retry(
 
     if not _run(database_url, data_dir, work):
         fail(
-            f"no parked or failing delivery {delivery_id} of an enabled endpoint "
-            "(see hongbao webhooks failed)"
+            f"no parked or failing delivery {delivery_id} of an enabled endpoint that no "
+            "dispatcher is sending now (see hongbao webhooks failed)"
         )
     err.print(f"delivery {delivery_id} is due again", style="green")
 
