@@ -14,7 +14,7 @@ resolved stream, where it stays for the record and out of audit's list.
 
 Entries are named ``b<bucket>/<entry id>``, as the listing prints them. A listing shows
 the first `LIMIT` entries and counts them all; ``--retry-all`` moves them all, a page at
-a time; a name given to ``--retry`` or ``--resolve`` must be among the listed ones.
+a time; a name given to ``--retry`` or ``--resolve`` must be parked, listed or not.
 """
 
 from __future__ import annotations
@@ -130,10 +130,9 @@ async def resolve(
 
 
 async def _targets(store: RedisStore, refs: Sequence[str]) -> list[tuple[int, str]]:
-    """(bucket, entry id) of each name, all parked (among the listed ones)."""
+    """(bucket, entry id) of each name, all parked."""
     targets = [parse_ref(ref, store.buckets) for ref in refs]
-    held = {(p.bucket, p.entry_id) for p in await parked(store)}
-    unknown = [entry_name(b, i) for b, i in targets if (b, i) not in held]
+    unknown = [entry_name(b, i) for b, i in targets if not await store.has_dead_letter(b, i)]
     if unknown:
         raise InvalidRequest(f"no dead-letter entry {', '.join(unknown)}; nothing moved")
     return targets

@@ -204,6 +204,23 @@ async def test_retry_all_moves_every_entry_past_the_listing_limit(
     assert [await service.store.client.xlen(events_key(b)) for b in (0, 2)] == [5, 2]
 
 
+async def test_an_entry_past_the_listing_is_retried_and_resolved_by_name(
+    service: Hongbao, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dead_letters, "LIMIT", 2)
+    ids = [await service.store.client.xadd(dead_letter_key(1), PARKED_FIELDS) for _ in range(4)]
+    listed = {p.ref for p in await dead_letters.parked(service.store)}
+    third, fourth = (dead_letters.entry_name(1, str(i)) for i in ids[2:])
+    assert third not in listed and fourth not in listed
+    (moved,) = await dead_letters.retry(service.store, [third])
+    assert moved[0] == third and moved[1] is not None
+    (set_aside,) = await dead_letters.resolve(service.store, [fourth], "test data")
+    assert set_aside[0] == fourth and set_aside[1] is not None
+    assert await dead_letters.count(service.store) == 2
+    with pytest.raises(InvalidRequest, match="no dead-letter entry"):
+        await dead_letters.retry(service.store, [third])  # moved: no longer parked
+
+
 @pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 async def test_cli_counts_and_retries_more_entries_than_it_lists(
     service: Hongbao, redis_url: str

@@ -602,6 +602,11 @@ class RedisStore:
             out.extend(Event(key, str(i), dict(f)) for i, f in rows)
         return out[:limit]
 
+    async def has_dead_letter(self, bucket: int, entry_id: str) -> bool:
+        """Whether `entry_id` is on `bucket`'s dead-letter stream."""
+        key = dead_letter_key(bucket)
+        return bool(await self._call(self.client.xrange(key, min=entry_id, max=entry_id)))
+
     async def backlog(self) -> int:
         """Entries in the event streams not yet applied (persister lag)."""
         backlog, _ = await self.stream_lengths()
