@@ -252,6 +252,31 @@ def test_serve_on_a_busy_port_starts_nothing(tmp_path: Path, workers: str) -> No
     nothing_started(data_dir)
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_busy_metrics_port_starts_nothing(tmp_path: Path, workers: str) -> None:
+    data_dir = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = run_cli(
+            "serve",
+            *("--data-dir", str(data_dir), "--port", str(free_port()), "--workers", workers),
+            *("--metrics-port", str(busy)),
+        )
+    assert_usage_error(done, f"error: cannot listen on 127.0.0.1:{busy}: port {busy} is in use")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    nothing_started(data_dir)
+    port = free_port()
+    done = run_cli(
+        "serve",
+        *("--data-dir", str(data_dir), "--port", str(port), "--workers", workers),
+        *("--metrics-port", str(port)),
+    )
+    assert_usage_error(done, f"error: --metrics-port must differ from --port ({port})")
+    nothing_started(data_dir)
+
+
 @pytest.mark.parametrize("value", [pytest.param("", id="empty"), pytest.param("FILE", id="a-file")])
 def test_serve_refuses_a_bad_data_dir(tmp_path: Path, value: str) -> None:
     if value == "FILE":

@@ -265,6 +265,10 @@ def serve(
     if metrics_host is not None and metrics_port is None:
         fail("--metrics-host needs --metrics-port")
     metrics_address = None if metrics_port is None else (metrics_host or "127.0.0.1", metrics_port)
+    if metrics_port is not None and metrics_port == port:
+        # both listeners share their port (SO_REUSEPORT): the kernel would spread the API's
+        # connections over the metrics-only listener too
+        fail(f"--metrics-port must differ from --port ({port})")
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
     if ack is not None:
@@ -294,6 +298,8 @@ def serve(
         else:
             check_port_free(host, port)
             listener = None
+        if metrics_address is not None:
+            check_port_free(*metrics_address)
     stop_requested: list[int] = []
     supervisor: Supervisor | None = None
 
