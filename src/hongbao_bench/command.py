@@ -209,11 +209,9 @@ def _check_plotting() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        from rich.markup import escape
-
         from hongbao.console import fail
 
-        fail(escape(f"--plot needs matplotlib ({exc}): pip install 'hongbao[bench]'"))
+        fail(f"--plot needs matplotlib ({exc}): pip install 'hongbao[bench]'")
 
 
 @contextlib.contextmanager
